@@ -12,7 +12,7 @@ from slimspec_convert.config import DrafterConfig
 from slimspec_convert.drafter import Eagle3Drafter
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "slimspec_convert" / "data"
+DATA = REPO / "data"
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
