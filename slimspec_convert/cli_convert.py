@@ -1,0 +1,5 @@
+"""CLI commands: convert (registered on slimspec_convert.cli.app)."""
+
+from __future__ import annotations
+
+from .cli import app, fail  # noqa: F401
