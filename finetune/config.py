@@ -1,0 +1,84 @@
+"""Fine-tune / train-drafter configuration (frozen dataclass; every default defined once here)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+TRAIN_CHOICES = ("head", "head+lora", "all", "body")
+TEACHER_CHOICES = ("target", "drafter")
+
+# Upstream defaults (eagle3-formats.md section 7): SpecForge / EAGLE unroll 7 steps, weights 0.8^s.
+DEFAULT_TTT_STEPS = 7
+DEFAULT_TTT_DECAY = 0.8
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Options of ``slimspec finetune`` and ``slimspec train-drafter``.
+
+    ``train`` selects the trainable parameters: ``head`` (the lm_head only, the SlimSpec recovery
+    default), ``head+lora`` (head plus LoRA adapters on the decoder layer, peft), ``all`` (every
+    drafter parameter except the frozen embeddings) or ``body`` (everything but head and
+    embeddings: the drafter learns to use a frozen head, as speculators does since 2026-04).
+    ``batch_size`` is the global batch per optimizer micro-step; with ``grad_accum`` G the
+    optimizer sees ``batch_size * G`` sequences. In multi-process runs each rank takes an equal
+    slice of the global batch.
+    """
+
+    steps: int = 200
+    lr: float = 4e-4  # paper: AdamW lr 4e-4 (PAPER.md)
+    train: str = "head"
+    teacher: str = "target"
+    ttt_steps: int = DEFAULT_TTT_STEPS
+    ttt_decay: float = DEFAULT_TTT_DECAY
+    batch_size: int = 4
+    grad_accum: int = 1
+    max_length: int = 512
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    clip_grad_norm: float = 0.5  # paper: clip 0.5
+    eval_every: int = 50
+    eval_batches: int = 4
+    save_every: int = 50
+    seed: int = 0
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    num_workers_hint: int = 0
+    bf16_autocast: bool = True  # used only where the hardware supports bf16 (CUDA)
+    max_eval_fraction: float = 0.05  # held-out share of the data when no --eval-data is given
+
+    def __post_init__(self) -> None:
+        if self.train not in TRAIN_CHOICES:
+            raise ValueError(f"FinetuneConfig.train={self.train!r}: expected one of {TRAIN_CHOICES}")
+        if self.teacher not in TEACHER_CHOICES:
+            raise ValueError(f"FinetuneConfig.teacher={self.teacher!r}: expected one of {TEACHER_CHOICES}")
+        if self.teacher == "drafter" and self.train != "head":
+            raise ValueError(
+                f"FinetuneConfig.teacher='drafter' distils the original head and needs train='head' "
+                f"(got train={self.train!r})"
+            )
+        for name in ("steps", "ttt_steps", "batch_size", "grad_accum", "max_length", "eval_every",
+                     "eval_batches", "save_every", "lora_rank", "lora_alpha"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"FinetuneConfig.{name}={value!r}: expected an integer >= 1")
+        if self.max_length < 4:
+            raise ValueError(f"FinetuneConfig.max_length={self.max_length}: expected >= 4")
+        if not self.lr > 0:
+            raise ValueError(f"FinetuneConfig.lr={self.lr}: expected > 0")
+        if not 0 < self.ttt_decay <= 1:
+            raise ValueError(f"FinetuneConfig.ttt_decay={self.ttt_decay}: expected 0 < decay <= 1")
+        if self.warmup_steps < 0:
+            raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
+        if not 0 < self.max_eval_fraction < 1:
+            raise ValueError(f"FinetuneConfig.max_eval_fraction={self.max_eval_fraction}: expected in (0, 1)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> FinetuneConfig:
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
