@@ -248,3 +248,129 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_p={self.top_p}: expected 0 < P <= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: expected >= 1")
+
+
+# ---- benchmarks, trimming, rank sweep (issue 5) ------------------------------------------------
+# The paper's three target shapes (drafter hidden size d, vocabulary V), SlimSpec section 5.
+PAPER_HEAD_SHAPES: dict[str, tuple[int, int]] = {
+    "Llama-3.1-8B": (4096, 128256),
+    "gpt-oss-20b": (2880, 201088),
+    "Qwen3-30B-A3B": (2048, 151936),
+}
+DEFAULT_BENCH_RANK_DIVISORS = (8, 16)  # r = d/8 (paper default) and d/16
+DEFAULT_BENCH_BATCH_SIZES = (1, 64)
+DEFAULT_BENCH_DTYPE = "bfloat16"
+DEFAULT_TRIMMED_ROWS = 32000  # EAGLE-3's 32k draft vocabulary
+DEFAULT_BENCH_WARMUP = 1  # interleaved warm-up rounds before timing
+DEFAULT_BENCH_REPEATS = 15  # at most this many interleaved timed rounds ...
+DEFAULT_BENCH_MIN_REPEATS = 3  # ... and at least this many, whatever the time budget
+DEFAULT_BENCH_BUDGET_S = 20.0  # timed seconds per (shape, batch size, dtype) before repeats are capped
+DEFAULT_SWEEP_RANK_DIVISORS = (32, 16, 8, 4, 2)  # ranks d/32 ... d/2
+DEFAULT_SWEEP_MAX_EXAMPLES = 32
+DEFAULT_SWEEP_MAX_LENGTH = 256
+DEFAULT_SWEEP_BATCH_SIZE = 4
+DEFAULT_NUM_DRAFT_TOKENS = 5  # k of the chain model used to turn acceptance into tau (= DraftConfig.depth)
+DEFAULT_TRIM_MAX_LENGTH = 2048
+
+
+def _check_dtype(owner: str, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"{owner}.dtype={dtype!r}: expected one of {sorted(DTYPES)}")
+
+
+@dataclass(frozen=True)
+class BenchHeadConfig:
+    """Options of ``slimspec bench head``: which head shapes, ranks and batch sizes to time.
+
+    ``ranks`` entries are absolute ranks (int) or ``"d/N"`` strings resolved per shape.
+    """
+
+    shapes: tuple[tuple[int, int], ...] = tuple(PAPER_HEAD_SHAPES.values())
+    ranks: tuple[int | str, ...] = tuple(f"d/{n}" for n in DEFAULT_BENCH_RANK_DIVISORS)
+    batch_sizes: tuple[int, ...] = DEFAULT_BENCH_BATCH_SIZES
+    dtype: str = DEFAULT_BENCH_DTYPE
+    trimmed_rows: int = DEFAULT_TRIMMED_ROWS
+    warmup: int = DEFAULT_BENCH_WARMUP
+    repeats: int = DEFAULT_BENCH_REPEATS
+    min_repeats: int = DEFAULT_BENCH_MIN_REPEATS
+    budget_s: float = DEFAULT_BENCH_BUDGET_S
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.shapes:
+            raise ValueError("BenchHeadConfig.shapes is empty: give at least one (hidden_size, vocab_size)")
+        for d, v in self.shapes:
+            if d < 1 or v < 1:
+                raise ValueError(f"BenchHeadConfig.shapes: (hidden_size={d}, vocab_size={v}) must be positive")
+        if not self.ranks:
+            raise ValueError("BenchHeadConfig.ranks is empty")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"BenchHeadConfig.batch_sizes={self.batch_sizes}: expected positive integers")
+        _check_dtype("BenchHeadConfig", self.dtype)
+        if self.trimmed_rows < 0:
+            raise ValueError(f"BenchHeadConfig.trimmed_rows={self.trimmed_rows}: expected >= 0 (0 = skip)")
+        if self.warmup < 0 or self.min_repeats < 1 or self.repeats < self.min_repeats:
+            raise ValueError(
+                f"BenchHeadConfig: warmup={self.warmup}, min_repeats={self.min_repeats}, repeats={self.repeats}: "
+                "expected warmup >= 0 and 1 <= min_repeats <= repeats"
+            )
+        if self.budget_s <= 0:
+            raise ValueError(f"BenchHeadConfig.budget_s={self.budget_s}: expected > 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"BenchHeadConfig.device={self.device!r}: expected auto, cpu or cuda")
+
+
+@dataclass(frozen=True)
+class TrimConfig:
+    """Options of ``slimspec trim``: keep the ``draft_vocab_size`` most frequent target tokens."""
+
+    draft_vocab_size: int
+    data: tuple[str, ...]
+    target: str
+    max_length: int = DEFAULT_TRIM_MAX_LENGTH
+    dtype: str | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size < 1:
+            raise ValueError(f"TrimConfig.draft_vocab_size={self.draft_vocab_size}: expected >= 1")
+        if not self.data:
+            raise ValueError("TrimConfig.data is empty: give a calibration file (--data)")
+        if self.max_length < 2:
+            raise ValueError(f"TrimConfig.max_length={self.max_length}: expected >= 2")
+        if self.dtype is not None:
+            _check_dtype("TrimConfig", self.dtype)
+
+
+@dataclass(frozen=True)
+class RankSweepConfig:
+    """Options of ``slimspec rank-sweep``.
+
+    ``ranks`` entries are ints or ``"d/N"`` strings. ``kappa`` None means measure it on this machine.
+    """
+
+    ranks: tuple[int | str, ...] = tuple(f"d/{n}" for n in DEFAULT_SWEEP_RANK_DIVISORS)
+    kappa: float | None = None
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    max_examples: int = DEFAULT_SWEEP_MAX_EXAMPLES
+    max_length: int = DEFAULT_SWEEP_MAX_LENGTH
+    batch_size: int = DEFAULT_SWEEP_BATCH_SIZE
+    dtype: str = "float32"
+    warmup: int = DEFAULT_BENCH_WARMUP
+    repeats: int = DEFAULT_BENCH_REPEATS
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValueError("RankSweepConfig.ranks is empty")
+        if self.kappa is not None and self.kappa < 0:
+            raise ValueError(f"RankSweepConfig.kappa={self.kappa}: expected >= 0")
+        for name in ("num_draft_tokens", "max_examples", "batch_size", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RankSweepConfig.{name}={getattr(self, name)}: expected >= 1")
+        if self.max_length < 3:
+            raise ValueError(f"RankSweepConfig.max_length={self.max_length}: expected >= 3")
+        if self.warmup < 0:
+            raise ValueError(f"RankSweepConfig.warmup={self.warmup}: expected >= 0")
+        _check_dtype("RankSweepConfig", self.dtype)
