@@ -1,0 +1,463 @@
+"""Automatic rank choice: sweep ranks, measure offline acceptance and head latency, apply the cost model.
+
+For each rank r the drafter's trained head ``W [V_d, d]`` is replaced by its truncated SVD (the
+factors of rank r are the leading r directions of one factorisation), and we measure
+
+* SVD error and retained energy (from the exact spectrum);
+* offline expected acceptance on held-out data: at every position whose next-next token is an
+  assistant token, the drafter's step-0 distribution ``q`` is compared with the target's next-token
+  distribution ``p`` by ``sum_v min(p_v, q_v)`` (the acceptance probability of speculative sampling,
+  Leviathan et al. 2023, Theorem 3.5), plus top-1 agreement (greedy acceptance);
+* head latency (batch 1, interleaved with the full head, same run).
+
+Acceptance alpha becomes tau with the chain model (:func:`~slimspec_convert.costmodel.expected_tau`),
+and the rank with the best predicted ``rho_TPS`` is recommended (:mod:`slimspec_convert.costmodel`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import __version__
+from .bench import resolve_dtype, resolve_ranks, time_interleaved, time_module_calls
+from .checkpoint import EMBED_KEY, CheckpointError, atomic_write_bytes, atomic_write_json, load_native
+from .config import RankSweepConfig
+from .costmodel import RankCandidate, expected_tau, kappa_from_times, recommend_rank
+from .drafter import DraftKVCache, Eagle3Drafter
+from .factorize import lowrank_factorize, spectrum
+from .head import LowRankHead
+from .plots import plot_rank_vs_acceptance, plot_rank_vs_latency
+from .target import check_aux_layers, load_target, num_target_layers, target_embeddings, target_forward
+from .vocab import scatter_to_target_vocab
+
+logger = logging.getLogger(__name__)
+
+SWEEP_JSON, SWEEP_MD = "rank_sweep.json", "rank_sweep.md"
+ACCEPTANCE_PNG, LATENCY_PNG = "rank_vs_acceptance.png", "rank_vs_latency.png"
+_ROW_CHUNK = 256  # positions per softmax chunk (bounds memory at [256, V_t] float32)
+
+
+@dataclass(frozen=True)
+class AcceptanceStats:
+    """Offline step-0 acceptance of one head.
+
+    Attributes:
+        expected_acceptance: mean over positions of ``sum_v min(p_target, q_draft)`` (temperature 1).
+        top1_agreement: mean over positions of ``argmax q == argmax p`` (greedy acceptance).
+        num_positions: positions averaged.
+    """
+
+    expected_acceptance: float
+    top1_agreement: float
+    num_positions: int
+
+
+def _aux_layers(drafter: Eagle3Drafter, target_model) -> tuple[int, ...]:
+    aux = drafter.config.resolved_aux_layer_ids(num_target_layers(target_model))
+    check_aux_layers(aux, num_target_layers(target_model))
+    return aux
+
+
+@torch.no_grad()
+def expected_acceptance_by_head(
+    drafter: Eagle3Drafter,
+    target_model,
+    batches: Sequence[Mapping[str, Tensor]],
+    heads: Mapping[str, nn.Module],
+) -> dict[str, AcceptanceStats]:
+    """Step-0 acceptance of several heads on the same drafter body and data (one target pass per batch).
+
+    Alignment (EAGLE-3): drafter position t takes the target's aux states at t and token x_{t+1};
+    its logits predict x_{t+2}, so they are compared with the target's logits at t+1. A position
+    counts when ``loss_mask`` marks x_{t+2} (an assistant token, not padding).
+
+    Args:
+        drafter: the drafter (its body, final norm and ``d2t`` are used; its own head is not).
+        target_model: HF causal LM the drafter was trained for.
+        batches: dicts with ``input_ids`` [B, T] int64, ``loss_mask`` [B, T] bool and optionally
+            ``attention_mask`` [B, T] (right padding).
+        heads: name -> head mapping [..., d] to [..., V_d] draft-vocabulary logits.
+
+    Returns:
+        name -> :class:`AcceptanceStats`.
+
+    Raises:
+        ValueError: target and drafter vocabularies differ, or no position counts.
+    """
+    cfg = drafter.config
+    aux_layers = _aux_layers(drafter, target_model)
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    sums = {n: torch.zeros(2, dtype=torch.float64) for n in heads}
+    count = 0
+    for batch in batches:
+        ids, mask = batch["input_ids"], batch["loss_mask"].bool()
+        B, T = ids.shape
+        if T < 3:
+            continue
+        out = target_forward(target_model, ids, aux_layers, attention_mask=batch.get("attention_mask"))
+        if out.logits.shape[-1] != cfg.vocab_size:
+            raise ValueError(
+                f"target logits have V_t={out.logits.shape[-1]}, drafter vocab_size={cfg.vocab_size}"
+            )
+        feat = drafter.fuse(out.aux_hidden[:, :-1].to(dtype))  # [B, T-1, d], g_t for t = 0..T-2
+        pos = torch.arange(T - 1).expand(B, -1)  # [B, T-1]
+        h = drafter(ids[:, 1:], feat, pos)  # [B, T-1, d], h_t predicts x_{t+2}
+        valid = mask[:, 2:]  # [B, T-2], x_{t+2} supervised
+        normed = drafter.norm(h[:, :-1])[valid]  # [N, d]
+        ref = out.logits[:, 1:-1][valid]  # [N, V_t], target's distribution of x_{t+2}
+        count += int(valid.sum())
+        for start in range(0, ref.shape[0], _ROW_CHUNK):
+            ref_probs = F.softmax(ref[start : start + _ROW_CHUNK], dim=-1)  # [n, V_t]
+            ref_top = ref_probs.argmax(-1)
+            x = normed[start : start + _ROW_CHUNK]
+            for name, head in heads.items():
+                logits = scatter_to_target_vocab(head(x).float(), drafter.d2t, cfg.vocab_size)  # [n, V_t]
+                draft_probs = F.softmax(logits, dim=-1)
+                sums[name][0] += float(torch.minimum(ref_probs, draft_probs).sum())
+                sums[name][1] += float((logits.argmax(-1) == ref_top).sum())
+    if count == 0:
+        raise ValueError("no supervised positions in the batches (need loss_mask on tokens at t >= 2)")
+    return {n: AcceptanceStats(float(s[0]) / count, float(s[1]) / count, count) for n, s in sums.items()}
+
+
+def expected_acceptance(
+    drafter: Eagle3Drafter, target_model, batches: Sequence[Mapping[str, Tensor]]
+) -> AcceptanceStats:
+    """Step-0 offline acceptance of the drafter's own head (see :func:`expected_acceptance_by_head`)."""
+    return expected_acceptance_by_head(drafter, target_model, batches, {"head": drafter.lm_head})["head"]
+
+
+@dataclass(frozen=True)
+class KappaMeasurement:
+    """Stage times of one chain speculation step (k draft steps, one verification of k + 1 tokens).
+
+    Attributes:
+        num_draft_tokens: k.
+        head_ms: one full-head call, batch 1.
+        body_ms: one drafter body step (decoder layer over a cached prefix).
+        fuse_ms: fusing k + 1 verified positions' aux states.
+        verify_ms: target forward of k + 1 tokens over a cached prefix.
+        kappa: ``k head_ms / (k body_ms + fuse_ms + verify_ms)``.
+    """
+
+    num_draft_tokens: int
+    head_ms: float
+    body_ms: float
+    fuse_ms: float
+    verify_ms: float
+    kappa: float
+
+
+@torch.no_grad()
+def measure_kappa(
+    drafter: Eagle3Drafter,
+    target_model,
+    input_ids: Tensor,
+    num_draft_tokens: int,
+    *,
+    warmup: int = 1,
+    repeats: int = 15,
+) -> KappaMeasurement:
+    """Estimate kappa on this machine from interleaved stage timings of a chain step after a real prefix.
+
+    Args:
+        drafter: drafter with the *full* head.
+        target_model: HF causal LM.
+        input_ids: [1, L] prefix (L >= 2).
+        num_draft_tokens: k.
+        warmup: untimed rounds.
+        repeats: timed rounds.
+
+    Returns:
+        :class:`KappaMeasurement`.
+    """
+    aux_layers = _aux_layers(drafter, target_model)
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    L, k = input_ids.shape[1], num_draft_tokens
+    prefill = target_forward(target_model, input_ids, aux_layers, use_cache=True)
+    cache = prefill.past_key_values
+    feats = drafter.fuse(prefill.aux_hidden[:, :-1].to(dtype))  # [1, L-1, d]
+    dcache = DraftKVCache()
+    drafter(input_ids[:, 1:], feats, torch.arange(L - 1)[None], cache=dcache)
+    new_ids = input_ids[:, -1:].expand(1, k + 1).contiguous()  # [1, k+1], values do not change the cost
+    step_in = (input_ids[:, -1:], feats[:, -1:], torch.tensor([[L - 1]]))
+    normed = drafter.norm(feats[:, -1:])  # [1, 1, d]
+    aux_verify = prefill.aux_hidden[:, -(k + 1) :].to(dtype)  # [1, k+1, K*dt] (clamped by L)
+
+    def verify():
+        target_forward(target_model, new_ids, aux_layers, past_key_values=cache, use_cache=True)
+        cache.crop(-(k + 1))  # drop the k + 1 verified tokens again
+
+    def body():
+        drafter(*step_in, cache=dcache)
+        dcache.crop(L - 1)
+
+    fns = {
+        "head": lambda: drafter.lm_head(normed),
+        "body": body,
+        "fuse": lambda: drafter.fuse(aux_verify),
+        "verify": verify,
+    }
+    t = {
+        n: v.median_ms
+        for n, v in time_interleaved(fns, warmup=warmup, repeats=repeats, min_repeats=min(3, repeats)).items()
+    }
+    kappa = kappa_from_times(k * t["head"], k * t["body"] + t["fuse"] + t["verify"])
+    return KappaMeasurement(k, t["head"], t["body"], t["fuse"], t["verify"], kappa)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One rank of the sweep (rank None = the full head)."""
+
+    rank: int | None
+    relative_error: float
+    energy_retained: float
+    expected_acceptance: float
+    top1_agreement: float
+    tau_estimate: float
+    head_ms: float
+    nu: float
+    rho_tau: float
+    predicted_speedup: float
+    break_even_rho_tau: float
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Everything ``rank-sweep`` reports; ``recommended_rank`` None means keep the full head."""
+
+    hidden_size: int
+    draft_vocab_size: int
+    kappa: float
+    kappa_source: str
+    kappa_measurement: KappaMeasurement | None
+    num_draft_tokens: int
+    num_positions: int
+    rows: tuple[SweepRow, ...]
+    recommended_rank: int | None
+    recommended_speedup: float
+    ceiling: float
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (with the package version)."""
+        return {**asdict(self), "version": __version__}
+
+
+def sweep_ranks(
+    drafter: Eagle3Drafter,
+    target_model,
+    batches: Sequence[Mapping[str, Tensor]],
+    ranks: Sequence[int],
+    cfg: RankSweepConfig,
+    kappa: float | None = None,
+    kappa_measurement: KappaMeasurement | None = None,
+) -> SweepResult:
+    """Evaluate every rank against the drafter's full head and recommend one.
+
+    Args:
+        drafter: drafter with a dense head ``W [V_d, d]`` (trimmed vocabularies are fine).
+        target_model: HF causal LM.
+        batches: held-out batches (see :func:`expected_acceptance_by_head`).
+        ranks: absolute ranks.
+        cfg: repeat policy and k (``num_draft_tokens``).
+        kappa: the kappa to use (given with ``--kappa``), or None to take ``kappa_measurement.kappa``.
+        kappa_measurement: stage timings when kappa was measured.
+
+    Returns:
+        :class:`SweepResult` (rows: the full head first, then ranks ascending).
+
+    Raises:
+        ValueError: the head is already low-rank, or neither kappa nor a measurement is given.
+    """
+    if isinstance(drafter.lm_head, LowRankHead):
+        raise ValueError("the drafter's head is already low-rank; rank-sweep needs the original dense head")
+    if kappa is None and kappa_measurement is None:
+        raise ValueError("give kappa (--kappa) or a kappa measurement")
+    kappa_value = kappa if kappa is not None else kappa_measurement.kappa
+    W = drafter.lm_head.weight.detach()  # [V_d, d]
+    V_d, d = W.shape
+    ranks = sorted(set(ranks))
+    energy = torch.cumsum(spectrum(W) ** 2, 0)
+    energy = energy / energy[-1]  # [min(V_d, d)] float64, retained energy at rank i + 1
+    fac = lowrank_factorize(W.float(), ranks[-1])
+    heads: dict[str, nn.Module] = {"full": drafter.lm_head}
+    for r in ranks:
+        head = LowRankHead(d, V_d, r, dtype=W.dtype)
+        with torch.no_grad():  # the leading r directions of the rank-max factorisation are the rank-r one
+            head.up.weight.copy_(fac.W_up[:, :r])
+            head.down.weight.copy_(fac.W_down[:r])
+        heads[str(r)] = head.eval()
+    acc = expected_acceptance_by_head(drafter, target_model, batches, heads)
+    x = torch.randn(1, d, dtype=W.dtype, generator=torch.Generator().manual_seed(0))  # [1, d]
+    head_ms = time_module_calls(heads, x, warmup=cfg.warmup, repeats=cfg.repeats)
+    k = cfg.num_draft_tokens
+    tau = {n: expected_tau(min(1.0, a.expected_acceptance), k) for n, a in acc.items()}
+    rec = recommend_rank(
+        RankCandidate(None, tau["full"], head_ms["full"]),
+        [RankCandidate(r, tau[str(r)], head_ms[str(r)]) for r in ranks],
+        kappa_value,
+    )
+    rows = []
+    for pred in rec.predictions:
+        name = "full" if pred.rank is None else str(pred.rank)
+        e = 1.0 if pred.rank is None else float(energy[pred.rank - 1])
+        rows.append(
+            SweepRow(
+                pred.rank,
+                max(0.0, 1.0 - e) ** 0.5,
+                e,
+                acc[name].expected_acceptance,
+                acc[name].top1_agreement,
+                tau[name],
+                head_ms[name],
+                pred.nu,
+                pred.rho_tau,
+                pred.predicted_speedup,
+                pred.break_even_rho_tau,
+            )
+        )
+    return SweepResult(
+        d,
+        V_d,
+        kappa_value,
+        "given" if kappa is not None else "measured",
+        kappa_measurement,
+        k,
+        acc["full"].num_positions,
+        tuple(rows),
+        rec.best.rank,
+        rec.best.predicted_speedup,
+        rec.ceiling,
+    )
+
+
+def sweep_markdown(result: SweepResult) -> str:
+    """A markdown table of the sweep plus the recommendation line."""
+    lines = [
+        f"Rank sweep: d={result.hidden_size}, V_d={result.draft_vocab_size}, kappa={result.kappa:.3f} "
+        f"({result.kappa_source}), k={result.num_draft_tokens}, {result.num_positions} held-out positions. "
+        "tau = accepted drafts + 1 bonus (chain model from expected acceptance).",
+        "",
+        "| rank | SVD rel. error | energy | exp. acceptance | top-1 | tau est. | head ms | nu | rho_tau "
+        "| predicted rho_TPS | break-even rho_tau |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.rows:
+        lines.append(
+            f"| {'full' if r.rank is None else r.rank} | {r.relative_error:.4f} | {r.energy_retained:.4f} "
+            f"| {r.expected_acceptance:.4f} | {r.top1_agreement:.4f} | {r.tau_estimate:.3f} "
+            f"| {r.head_ms:.3f} | {r.nu:.3f} | {r.rho_tau:.4f} | {r.predicted_speedup:.4f} "
+            f"| {r.break_even_rho_tau:.4f} |"
+        )
+    best = "the full head" if result.recommended_rank is None else f"rank {result.recommended_rank}"
+    lines += [
+        "",
+        f"Recommended: {best} (predicted rho_TPS {result.recommended_speedup:.4f}; "
+        f"ceiling 1 + kappa = {result.ceiling:.4f}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(result: SweepResult, out_dir: Path, force: bool = False) -> list[Path]:
+    """Write JSON, markdown and the two PNG plots into ``out_dir``.
+
+    Raises:
+        FileExistsError: an output exists and force is off.
+    """
+    paths = [out_dir / n for n in (SWEEP_JSON, SWEEP_MD, ACCEPTANCE_PNG, LATENCY_PNG)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise FileExistsError(f"{existing} exist; pass --force to overwrite")
+    atomic_write_json(paths[0], result.to_dict())
+    atomic_write_bytes(paths[1], sweep_markdown(result).encode())
+    low = [r for r in result.rows if r.rank is not None]
+    full = result.rows[0]
+    plot_rank_vs_acceptance(
+        [r.rank for r in low],
+        [r.expected_acceptance for r in low],
+        [r.top1_agreement for r in low],
+        full.expected_acceptance,
+        full.top1_agreement,
+        paths[2],
+    )
+    plot_rank_vs_latency(
+        [r.rank for r in low],
+        [r.head_ms for r in low],
+        full.head_ms,
+        paths[3],
+        label=f"(d={result.hidden_size}, V_d={result.draft_vocab_size}, batch 1)",
+    )
+    return paths
+
+
+def load_eval_batches(
+    paths: Sequence[str | Path], tokenizer, cfg: RankSweepConfig
+) -> list[dict[str, Tensor]]:
+    """Held-out batches from conversation files (assistant tokens supervised; prompt-only records skipped).
+
+    Raises:
+        FileNotFoundError: a missing file.
+        ValueError: malformed data or no conversation with an assistant turn.
+    """
+    from finetune.data import build_examples, collate, read_conversations
+
+    examples = build_examples(tokenizer, read_conversations(list(paths)), cfg.max_length)[: cfg.max_examples]
+    if not examples:
+        raise ValueError(
+            f"{[str(p) for p in paths]}: no conversation with an assistant turn for held-out acceptance"
+        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return [collate(examples[i : i + cfg.batch_size], pad) for i in range(0, len(examples), cfg.batch_size)]
+
+
+def rank_sweep(
+    target: str | Path,
+    drafter_path: str | Path,
+    data: Sequence[str | Path],
+    out: str | Path,
+    cfg: RankSweepConfig,
+) -> SweepResult:
+    """``slimspec rank-sweep``: load, sweep, write JSON + markdown + plots into ``out``.
+
+    Raises:
+        FileExistsError: outputs exist and ``cfg.force`` is off.
+        FileNotFoundError: missing target, drafter or data.
+        ValueError: bad ranks, data or checkpoint.
+    """
+    out = Path(out)
+    if not cfg.force and any((out / n).exists() for n in (SWEEP_JSON, SWEEP_MD, ACCEPTANCE_PNG, LATENCY_PNG)):
+        raise FileExistsError(f"{out}: holds rank-sweep results; pass --force to overwrite")
+    if not Path(drafter_path).is_dir():
+        raise FileNotFoundError(f"{drafter_path}: drafter folder not found")
+    dtype = resolve_dtype(cfg.dtype)
+    model, tokenizer = load_target(target, dtype)
+    try:
+        drafter = load_native(drafter_path)
+    except CheckpointError as err:
+        if EMBED_KEY not in str(err):
+            raise
+        drafter = load_native(drafter_path, embed_from=target_embeddings(model))
+    drafter = drafter.to(dtype).eval()
+    ranks = resolve_ranks(cfg.ranks, drafter.config.hidden_size)
+    batches = load_eval_batches(data, tokenizer, cfg)
+    measurement = None
+    if cfg.kappa is None:
+        first = batches[0]["input_ids"][:1, : int(batches[0]["attention_mask"][0].sum())]
+        measurement = measure_kappa(
+            drafter, model, first, cfg.num_draft_tokens, warmup=cfg.warmup, repeats=cfg.repeats
+        )
+    result = sweep_ranks(drafter, model, batches, ranks, cfg, kappa=cfg.kappa, kappa_measurement=measurement)
+    write_sweep(result, out, force=cfg.force)
+    logger.info(
+        "rank sweep written to %s: %s", out, json.dumps({"recommended_rank": result.recommended_rank})
+    )
+    return result
