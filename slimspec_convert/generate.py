@@ -1,0 +1,567 @@
+"""The decoding loop: plain target decoding, or EAGLE-3 speculative decoding with a chain or a
+dynamic tree, batched with left padding, exact KV rollback and per-prompt statistics.
+
+One round (per batch of active rows): draft from ``h_last`` (drafting.py), verify the root plus
+the drafts in one target forward (tree attention as a custom 4-D mask with explicit position ids),
+accept (speculative.py), commit with stop-token / budget truncation, keep the accepted slots of the
+target cache, then run the drafter on the committed tokens with the target's features (its draft
+slots were already cropped), which also gives the next round's ``h_last``.
+
+Batching: rows share one cache tensor; each row keeps its own positions (``root_pos``) and a
+validity mask over cache slots (``valid``, None while every slot is real). A round appends
+``m = max_b n_b`` slots; row b's ``n_b`` kept slots are right-aligned and the rest are holes that no
+query attends to, so a row computes exactly what it would alone (up to float summation order).
+Finished rows leave the batch. Sampling draws per-row uniforms from a per-row generator seeded with
+``SamplingConfig.seed``, so a prompt's output does not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor
+
+from .config import DraftConfig, SamplingConfig
+from .drafter import DraftKVCache, Eagle3Drafter
+from .drafting import DrafterRunner, StageTimes, block_mask
+from .prompts import chat_template_id, render_chat
+from .speculative import (
+    RoundOutcome,
+    draw_uniforms,
+    process_logits,
+    sample_from_probs,
+    tau_from_committed,
+    tree_uniforms_needed,
+    verify_chain_greedy,
+    verify_chain_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
+from .target import (
+    cache_length,
+    check_aux_layers,
+    keep_cache_slots,
+    new_target_cache,
+    num_target_layers,
+    select_cache_rows,
+    target_forward,
+    target_mask_windows,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    """Per-prompt statistics. Times are totals in ms; with batch > 1 they are the batch's, up to
+    the round in which this row finished.
+
+    Attributes:
+        tau: mean tokens committed per verification round (accepted drafts + 1 bonus; the token
+            from the prefill forward is not a round), None when there was no round.
+        new_tokens: generated tokens (prefill token included).
+        cycles: verification rounds (target forwards after the prefill).
+        committed_per_cycle: tokens committed by each round (after stop / budget truncation).
+    """
+
+    tau: float | None
+    new_tokens: int
+    cycles: int
+    tokens_per_s: float
+    wall_ms: float
+    target_ms: float
+    drafter_backbone_ms: float
+    drafter_head_ms: float
+    overhead_ms: float
+    committed_per_cycle: list[int]
+    draft: dict
+    sampling: dict
+    batch_size: int
+    chat_template: str | None
+    system_prompt: str | None
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's output.
+
+    Attributes:
+        prompt: the user text (None when token ids were given).
+        prompt_text: the exact text fed to the tokenizer (after the chat template), or None.
+        prompt_ids: token ids of the prompt.
+        output_ids: new token ids only (a final stop token included, as plain decoding does).
+        text: decoded ``output_ids`` (special tokens skipped), None without a tokenizer.
+        stats: :class:`GenerationStats`.
+    """
+
+    prompt: str | None
+    prompt_text: str | None
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str | None
+    stats: GenerationStats
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: prompt, output_ids, text, stats, prompt_text."""
+        return {
+            "prompt": self.prompt,
+            "output_ids": self.output_ids,
+            "text": self.text,
+            "stats": asdict(self.stats),
+            "prompt_text": self.prompt_text,
+        }
+
+
+@dataclass
+class DecodeState:
+    """Mutable state of one batch (rows index the batch's prompts; tensors cover active rows)."""
+
+    rows: list[int]
+    target_cache: object
+    draft_cache: DraftKVCache | None
+    valid: Tensor | None  # [B, S] bool, None = every slot real
+    slot_pos: Tensor | None  # [B, S] int64 positions, kept only for windowed targets
+    root_pos: Tensor  # [B] int64 position of the last committed token
+    root_tok: Tensor  # [B] int64 last committed token
+    h_last: Tensor | None  # [B, d] drafter output at the last real slot
+    generators: list[torch.Generator]
+    outputs: list[list[int]]
+    committed: list[list[int]] = field(default_factory=list)
+    finish_times: list[StageTimes | None] = field(default_factory=list)
+    finish_wall: list[float] = field(default_factory=list)
+    times: StageTimes = field(default_factory=StageTimes)
+    t_start: float = 0.0
+
+
+class SpeculativeGenerator:
+    """Generate with a target alone or with an EAGLE-3 drafter; greedy output equals the target's.
+
+    Args:
+        target_model: HF causal LM (eval mode).
+        tokenizer: its tokenizer (None when prompts are token ids).
+        drafter: EAGLE-3 drafter, or None for plain target decoding.
+        draft: chain (k = depth) or tree drafting shape.
+        sampling: temperature 0 = greedy, else lossless speculative sampling.
+        chat: apply the tokenizer's chat template to string prompts.
+        system_prompt: system message for the chat template (None = template default).
+        batch_size: prompts decoded together (left-padded).
+
+    Raises:
+        ValueError: drafter and target disagree (vocabulary, hidden width, aux layers), or the
+            draft shape does not fit the drafter.
+    """
+
+    def __init__(
+        self,
+        target_model,
+        tokenizer,
+        drafter: Eagle3Drafter | None,
+        draft: DraftConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        *,
+        chat: bool = True,
+        system_prompt: str | None = None,
+        batch_size: int = 1,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: expected >= 1")
+        self.model = target_model
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.draft = draft or DraftConfig()
+        self.sampling = sampling or SamplingConfig()
+        self.chat = chat
+        self.system_prompt = system_prompt
+        self.batch_size = batch_size
+        self.greedy = self.sampling.temperature == 0
+        self.device = next(target_model.parameters()).device
+        self.dtype = next(target_model.parameters()).dtype
+        self.windows = target_mask_windows(target_model)
+        self.stop_ids = self._stop_ids()
+        self.pad_id = self._pad_id()
+        self.aux_layers: tuple[int, ...] = ()
+        if drafter is not None:
+            self.aux_layers = self._check_drafter(drafter)
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _check_drafter(self, drafter: Eagle3Drafter) -> tuple[int, ...]:
+        cfg, tcfg = drafter.config, self.model.config
+        L = num_target_layers(self.model)
+        if cfg.vocab_size != tcfg.vocab_size:
+            raise ValueError(
+                f"drafter vocab_size={cfg.vocab_size} != target vocab_size={tcfg.vocab_size}; wrong target?"
+            )
+        if cfg.resolved_target_hidden_size != tcfg.hidden_size:
+            raise ValueError(
+                f"drafter target_hidden_size={cfg.resolved_target_hidden_size} != target hidden_size="
+                f"{tcfg.hidden_size}; wrong target?"
+            )
+        if cfg.aux_layer_ids is None:
+            logger.warning(
+                "drafter config has no aux layer ids; using the upstream default boundaries %s of this "
+                "%d-layer target (eagle3-formats.md section 6). Acceptance is poor if the drafter was "
+                "trained on other layers.",
+                cfg.resolved_aux_layer_ids(L),
+                L,
+            )
+        aux = tuple(cfg.resolved_aux_layer_ids(L))
+        check_aux_layers(aux, L)
+        self.runner = DrafterRunner(drafter, self.draft, self.sampling, StageTimes())
+        return aux
+
+    def _stop_ids(self) -> frozenset[int]:
+        ids = set(self.sampling.stop_token_ids)
+        for src in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        return frozenset(ids)
+
+    def _pad_id(self) -> int:
+        for src in (self.tokenizer, getattr(self.model, "generation_config", None), self.model.config):
+            pad = getattr(src, "pad_token_id", None) if src is not None else None
+            if isinstance(pad, int):
+                return pad
+        return 0
+
+    # ---- prompts ---------------------------------------------------------------------------
+    def encode(
+        self, prompt: str | Sequence[int], history: Sequence[tuple[str, str]] = ()
+    ) -> tuple[list[int], str | None]:
+        """Token ids (and rendered text) of a prompt; ``history`` = earlier (user, answer) turns.
+
+        Raises:
+            ValueError: a string prompt without a tokenizer, or chat without a template.
+        """
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt], None
+        if self.tokenizer is None:
+            raise ValueError("string prompts need a tokenizer; pass token ids instead")
+        if self.chat:
+            users = [u for u, _ in history] + [prompt]
+            text = render_chat(self.tokenizer, users, [a for _, a in history], self.system_prompt)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"], text
+        if history:
+            raise ValueError("multi-turn prompts need the chat template (chat=True)")
+        return self.tokenizer(prompt)["input_ids"], prompt
+
+    # ---- public API --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str | Sequence[int]]) -> list[GenerationResult]:
+        """Generate for each prompt (strings or token-id lists), ``batch_size`` at a time.
+
+        Returns:
+            One :class:`GenerationResult` per prompt, in order.
+        """
+        return self._generate([(p, ()) for p in prompts])
+
+    @torch.inference_mode()
+    def generate_conversations(self, conversations: Sequence[Sequence[str]]) -> list[list[GenerationResult]]:
+        """Multi-turn chat (MT-Bench ``turns``): turn t sees the model's own answers to turns < t.
+
+        Returns:
+            Per conversation, one result per turn.
+        """
+        results: list[list[GenerationResult]] = [[] for _ in conversations]
+        for t in range(max(len(c) for c in conversations)):
+            todo = [i for i, c in enumerate(conversations) if len(c) > t]
+            items = []
+            for i in todo:
+                history = tuple((conversations[i][j], results[i][j].text or "") for j in range(t))
+                items.append((conversations[i][t], history))
+            for i, res in zip(todo, self._generate(items), strict=True):
+                results[i].append(res)
+        return results
+
+    def _generate(self, items) -> list[GenerationResult]:
+        encoded = [self.encode(p, h) for p, h in items]
+        out: list[GenerationResult] = []
+        for lo in range(0, len(items), self.batch_size):
+            batch = encoded[lo : lo + self.batch_size]
+            state = self.start([ids for ids, _ in batch])
+            while state.rows:
+                self.step(state)
+            for j, (ids, text) in enumerate(batch):
+                prompt = items[lo + j][0]
+                out.append(self._result(state, j, prompt if isinstance(prompt, str) else None, ids, text))
+        return out
+
+    # ---- prefill -----------------------------------------------------------------------------
+    def start(self, prompt_ids: Sequence[Sequence[int]]) -> DecodeState:
+        """Prefill a batch: target forward over the prompts, first token, drafter prefill.
+
+        Args:
+            prompt_ids: token ids per row (non-empty).
+
+        Returns:
+            The batch's :class:`DecodeState` (rows that already finished have left it).
+
+        Raises:
+            ValueError: an empty prompt.
+        """
+        B = len(prompt_ids)
+        lengths = [len(p) for p in prompt_ids]
+        if min(lengths) == 0:
+            raise ValueError("empty prompt: need at least one token")
+        P = max(lengths)
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(B, P, dtype=torch.long)
+        for b, p in enumerate(prompt_ids):
+            ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[b, P - len(p) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        padded = min(lengths) != P
+        gens = [torch.Generator().manual_seed(self.sampling.seed) for _ in range(B)]
+        st = DecodeState(
+            rows=list(range(B)),
+            target_cache=new_target_cache(),
+            draft_cache=None,
+            valid=attn.bool() if padded else None,
+            slot_pos=pos if self._windowed() else None,
+            root_pos=torch.tensor(lengths, device=self.device),
+            root_tok=ids[:, -1].clone(),
+            h_last=None,
+            generators=gens,
+            outputs=[[] for _ in range(B)],
+            committed=[[] for _ in range(B)],
+            finish_times=[None] * B,
+            finish_wall=[0.0] * B,
+            t_start=time.perf_counter(),
+        )
+        if self.drafter is not None:
+            self.runner.times = st.times
+        out = self._target(
+            st, ids, attention_mask=attn if padded else None, position_ids=pos, logits_to_keep=1
+        )
+        last = out.logits[:, -1]  # [B, V]
+        if self.greedy:
+            first = last.argmax(-1)
+        else:
+            probs = process_logits(last, self.sampling.temperature, self.sampling.top_p)
+            first = sample_from_probs(probs, draw_uniforms(gens, 1).to(self.device)[:, 0])
+        st.root_tok = first
+        finished = [self._commit(st, b, [int(t)], record=False)[1] for b, t in enumerate(first.tolist())]
+        keep = [b for b in range(B) if not finished[b]]
+        aux, tokens = out.aux_hidden, torch.cat([ids[:, 1:], first[:, None]], dim=1)
+        if len(keep) < B:
+            sel = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self._select(st, sel)
+            aux, tokens, pos, attn = aux[sel], tokens[sel], pos[sel], attn[sel]
+        if self.drafter is not None and st.rows:
+            st.draft_cache = DraftKVCache()
+            mask = block_mask(None, attn.bool() if padded else None, len(st.rows), P, 0, self.device)
+            st.h_last = self.runner.real_forward(st.draft_cache, aux, tokens, pos, mask)
+        return st
+
+    def _windowed(self) -> bool:
+        return any(w is not None for w in self.windows.values())
+
+    def _target(self, st: DecodeState, ids: Tensor, **kwargs):
+        t0 = time.perf_counter()
+        out = target_forward(
+            self.model,
+            ids,
+            self.aux_layers or (0,),
+            past_key_values=st.target_cache,
+            use_cache=True,
+            **kwargs,
+        )
+        st.times.target_ms += (time.perf_counter() - t0) * 1e3
+        return out
+
+    # ---- one round ---------------------------------------------------------------------------
+    def step(self, st: DecodeState) -> RoundOutcome:
+        """One draft-verify-commit round for every active row.
+
+        Returns:
+            The round's :class:`RoundOutcome` for the rows active at its start (for tests).
+        """
+        B, S = len(st.rows), cache_length(st.target_cache)
+        k, K, D = self.draft.depth, self.draft.top_k, self.draft.depth
+        method = "plain" if self.drafter is None else self.draft.method
+        uniforms = None
+        if not self.greedy:
+            n = {"plain": 1, "chain": 2 * k + 1, "tree": tree_uniforms_needed(D, K)}[method]
+            uniforms = draw_uniforms(st.generators, n).to(self.device)
+        tree = draft_ids = q = anc = None
+        if method == "plain":
+            nodes, depths = st.root_tok[:, None], torch.zeros(B, 1, dtype=torch.long, device=self.device)
+        elif method == "chain":
+            draft_ids, q = self.runner.draft_chain(
+                st.draft_cache,
+                st.h_last,
+                st.root_pos,
+                st.valid,
+                None if uniforms is None else uniforms[:, :k],
+            )
+            nodes = torch.cat([st.root_tok[:, None], draft_ids], dim=1)
+            depths = torch.arange(k + 1, device=self.device).expand(B, k + 1)
+        else:
+            tree = self.runner.draft_tree(st.draft_cache, st.h_last, st.root_tok, st.root_pos, st.valid)
+            nodes, depths, anc = tree.tokens, tree.depths, tree.ancestors
+        qpos = st.root_pos[:, None] + depths  # [B, T]
+        out = self._target(st, nodes, attention_mask=self._target_mask(st, anc, qpos, S), position_ids=qpos)
+        outcome = self._verify(method, out.logits, draft_ids, q, tree, uniforms)
+        committed = outcome.committed_tokens(nodes)
+        counts = (outcome.num_accepted + 1).tolist()
+        rows = committed.tolist()
+        finished = [self._commit(st, b, rows[b][: counts[b]])[1] for b in range(B)]
+        self._advance(st, outcome, out.aux_hidden, committed, counts, finished, S, method)
+        return outcome
+
+    def _verify(self, method, logits, draft_ids, q, tree, uniforms) -> RoundOutcome:
+        if method == "tree":
+            if self.greedy:
+                return verify_tree_greedy(tree, logits)
+            probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+            return verify_tree_sampling(tree, probs, uniforms)
+        if draft_ids is None:  # plain decoding: a chain of zero drafts
+            draft_ids = logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
+        if self.greedy:
+            return verify_chain_greedy(draft_ids, logits)
+        probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+        k = draft_ids.shape[1]
+        if q is None:
+            q = probs.new_zeros(probs.shape[0], 0, probs.shape[-1])
+        return verify_chain_sampling(draft_ids, q, probs, uniforms[:, -(k + 1) :])
+
+    def _target_mask(self, st: DecodeState, anc: Tensor | None, qpos: Tensor, S: int):
+        """Additive 4-D mask [B, 1, T, S + T] for the verify pass (dict per layer type if mixed);
+        None when plain causal attention over the cache is exact."""
+        B, T = qpos.shape
+        if anc is None and st.valid is None and not self._windowed():
+            return None
+        prefix = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
+        new = (
+            anc
+            if anc is not None
+            else torch.ones(T, T, dtype=torch.bool, device=self.device).tril().expand(B, T, T)
+        )
+        allowed = torch.cat([prefix[:, None, :].expand(B, T, S), new], dim=-1)  # [B, T, S+T]
+        masks = {}
+        for layer_type, window in self.windows.items():
+            m = allowed
+            if window is not None:
+                kpos = torch.cat([st.slot_pos, qpos], dim=1)  # [B, S+T]
+                m = m & (kpos[:, None, :] > qpos[:, :, None] - window)
+            additive = torch.zeros(B, 1, T, S + T, dtype=self.dtype, device=self.device)
+            masks[layer_type] = additive.masked_fill_(~m[:, None], torch.finfo(self.dtype).min)
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    # ---- commit and cache bookkeeping --------------------------------------------------------
+    def _commit(self, st: DecodeState, b: int, tokens: list[int], record: bool = True) -> tuple[int, bool]:
+        """Append a row's tokens, cut at the first stop token and at max_new_tokens."""
+        row = st.rows[b]
+        out = st.outputs[row]
+        take = tokens[: self.sampling.max_new_tokens - len(out)]
+        finished = False
+        for i, t in enumerate(take):
+            if t in self.stop_ids:
+                take, finished = take[: i + 1], True
+                break
+        out.extend(take)
+        finished = finished or len(out) >= self.sampling.max_new_tokens
+        if record:
+            st.committed[row].append(len(take))
+        if finished:
+            st.finish_times[row] = st.times.copy()
+            st.finish_wall[row] = (time.perf_counter() - st.t_start) * 1e3
+        return len(take), finished
+
+    def _select(self, st: DecodeState, sel: Tensor) -> None:
+        """Keep active rows ``sel`` ([B'] int64) in every per-row structure."""
+        idx = sel.tolist()
+        st.rows = [st.rows[i] for i in idx]
+        st.generators = [st.generators[i] for i in idx]
+        select_cache_rows(st.target_cache, sel)
+        if st.draft_cache is not None:
+            c = st.draft_cache
+            c.keys = [x[sel] if x is not None else None for x in c.keys]
+            c.values = [x[sel] if x is not None else None for x in c.values]
+        for name in ("valid", "slot_pos", "root_pos", "root_tok", "h_last"):
+            value = getattr(st, name)
+            if value is not None:
+                setattr(st, name, value[sel])
+        if st.valid is not None and bool(st.valid.all()):
+            st.valid = None
+
+    def _advance(self, st, outcome, aux, committed, counts, finished, S, method) -> None:
+        """Drop finished rows, keep accepted target slots, run the drafter on the committed tokens."""
+        keep = [b for b in range(len(finished)) if not finished[b]]
+        if len(keep) < len(finished):
+            sel = torch.tensor(keep, dtype=torch.long, device=self.device)
+            if keep:
+                self._select(st, sel)
+            else:
+                st.rows = []
+                return
+            outcome = RoundOutcome(outcome.num_accepted[sel], outcome.path[sel], outcome.bonus[sel])
+            aux, committed, counts = aux[sel], committed[sel], [counts[b] for b in keep]
+        B = len(st.rows)
+        n = torch.tensor(counts, device=self.device)
+        m = max(counts)
+        offset = m - n  # [B] left holes per row
+        col = torch.arange(m, device=self.device)[None, :]
+        src = col - offset[:, None]  # [B, m] index into the row's kept list
+        real = src >= 0
+        index = torch.where(real, outcome.path.gather(1, src.clamp(min=0)), torch.zeros_like(src))
+        uniform = min(counts) == m
+        keep_cache_slots(st.target_cache, S, None if uniform and method != "tree" else index, m)
+        block_valid = None if uniform else real
+        prefix_valid = st.valid
+        if st.valid is not None or block_valid is not None:
+            old = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
+            new = (
+                block_valid
+                if block_valid is not None
+                else torch.ones(B, m, dtype=torch.bool, device=self.device)
+            )
+            st.valid = torch.cat([old, new], dim=1)
+        positions = st.root_pos[:, None] + src.clamp(min=0)  # [B, m]
+        if st.slot_pos is not None:
+            st.slot_pos = torch.cat([st.slot_pos, positions], dim=1)
+        if self.drafter is not None:
+            tokens = committed.gather(1, src.clamp(min=0))  # [B, m]: drafts then bonus
+            feats = aux.gather(1, index[:, :, None].expand(B, m, aux.shape[-1]))  # [B, m, K*dt]
+            mask = block_mask(prefix_valid, block_valid, B, m, S, self.device)
+            st.h_last = self.runner.real_forward(st.draft_cache, feats, tokens, positions, mask)
+        st.root_pos = st.root_pos + n
+        st.root_tok = outcome.bonus
+
+    # ---- results -----------------------------------------------------------------------------
+    def _result(self, st: DecodeState, row: int, prompt: str | None, ids: list[int], text: str | None):
+        times = st.finish_times[row] or st.times
+        wall = st.finish_wall[row]
+        out = st.outputs[row]
+        busy = times.target_ms + times.drafter_backbone_ms + times.drafter_head_ms
+        stats = GenerationStats(
+            tau=tau_from_committed(st.committed[row]),
+            new_tokens=len(out),
+            cycles=len(st.committed[row]),
+            tokens_per_s=len(out) / (wall / 1e3) if wall > 0 else 0.0,
+            wall_ms=wall,
+            target_ms=times.target_ms,
+            drafter_backbone_ms=times.drafter_backbone_ms,
+            drafter_head_ms=times.drafter_head_ms,
+            overhead_ms=max(wall - busy, 0.0),
+            committed_per_cycle=list(st.committed[row]),
+            draft={"method": "none"} if self.drafter is None else asdict(self.draft),
+            sampling={
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "max_new_tokens": self.sampling.max_new_tokens,
+                "seed": self.sampling.seed,
+            },
+            batch_size=self.batch_size,
+            chat_template=chat_template_id(self.tokenizer) if self.chat and text is not None else None,
+            system_prompt=self.system_prompt if self.chat and text is not None else None,
+        )
+        decoded = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else None
+        return GenerationResult(prompt, text, list(ids), list(out), decoded, stats)
