@@ -129,7 +129,10 @@ def bench_head_cmd(
             _fmt(r.trimmed_ms),
             str(r.repeats),
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped output: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)
     typer.echo(
         f"ideal = d V / (r (d + V)) (FLOPs and weight bytes); module/bare = LowRankHead / two bare matmuls; "
         f"1-min load average {load_1m:.2f}"
@@ -205,3 +208,55 @@ def rank_sweep_cmd(
     except USER_ERRORS as err:
         fail(err)
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else sweep_markdown(result))
+
+
+def _named_paths(items: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--drafter {item!r}: expected NAME=PATH")
+        out.append((name, path))
+    return tuple(out)
+
+
+@bench_app.command("e2e")
+def bench_e2e_cmd(
+    target: Annotated[str, typer.Option(help="target folder, .gguf or hub id")],
+    drafter: Annotated[list[str], typer.Option(help="NAME=PATH of a drafter (repeatable)")],
+    prompts: Annotated[Path, typer.Option(help="JSONL prompts ({'prompt'} or MT-Bench {'turns'})")],
+    out: Annotated[Path, typer.Option(help="output folder for JSON, markdown and PNG")],
+    max_new_tokens: Annotated[int | None, typer.Option(help="new tokens per prompt")] = None,
+    batch_size: Annotated[int, typer.Option(help="prompts decoded together")] = 1,
+    draft: Annotated[str, typer.Option(help="tree or chain")] = "tree",
+    max_prompts: Annotated[int | None, typer.Option(help="first N prompts of the file")] = None,
+    reference: Annotated[str | None, typer.Option(help="full-head drafter NAME for kappa/nu/rho_tau")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 (default), bf16 or fp16")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Plain decoding vs each drafter on the same prompts, interleaved: tau, tokens/s, cost model check."""
+    from .bench_e2e import bench_e2e, e2e_markdown
+    from .config import BenchE2EConfig
+
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        given = {"max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
+        cfg = BenchE2EConfig(
+            drafters=_named_paths(drafter),
+            batch_size=batch_size,
+            draft_method=draft,
+            reference=reference,
+            dtype=dtype,
+            force=force,
+            **{k: v for k, v in given.items() if v is not None},
+        )
+        result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
+    except USER_ERRORS as err:
+        fail(err)
+    if json_out:
+        typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
+    else:
+        typer.echo(e2e_markdown(result))

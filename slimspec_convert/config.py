@@ -374,3 +374,47 @@ class RankSweepConfig:
         if self.warmup < 0:
             raise ValueError(f"RankSweepConfig.warmup={self.warmup}: expected >= 0")
         _check_dtype("RankSweepConfig", self.dtype)
+
+
+DEFAULT_E2E_MAX_NEW_TOKENS = 64
+DEFAULT_E2E_MAX_PROMPTS = 8
+DEFAULT_E2E_WARMUP_TOKENS = 8
+E2E_PLAIN_NAME = "none"  # the plain target-decoding baseline in bench e2e
+
+
+@dataclass(frozen=True)
+class BenchE2EConfig:
+    """Options of ``slimspec bench e2e``: drafters (name, path) timed against plain decoding, greedy.
+
+    ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
+    drafter whose head is dense and untrimmed).
+    """
+
+    drafters: tuple[tuple[str, str], ...]
+    max_new_tokens: int = DEFAULT_E2E_MAX_NEW_TOKENS
+    batch_size: int = 1
+    draft_method: str = "tree"
+    max_prompts: int = DEFAULT_E2E_MAX_PROMPTS
+    dtype: str = "float32"
+    reference: str | None = None
+    warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.drafters:
+            raise ValueError("BenchE2EConfig.drafters is empty: give at least one --drafter NAME=PATH")
+        names = [n for n, _ in self.drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"BenchE2EConfig.drafters: duplicate names in {names}")
+        if E2E_PLAIN_NAME in names:
+            raise ValueError(f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
+                             "(always run); pick another name")
+        if self.reference is not None and self.reference not in names:
+            raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
+        for name in ("max_new_tokens", "batch_size", "max_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")
+        if self.warmup_tokens < 0:
+            raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
+        DraftConfig(method=self.draft_method)  # validates the method name
+        _check_dtype("BenchE2EConfig", self.dtype)

@@ -28,14 +28,15 @@ from torch import Tensor, nn
 
 from . import __version__
 from .bench import resolve_dtype, resolve_ranks, time_interleaved, time_module_calls
-from .checkpoint import EMBED_KEY, CheckpointError, atomic_write_bytes, atomic_write_json, load_native
+from .checkpoint import atomic_write_bytes, atomic_write_json
 from .config import RankSweepConfig
 from .costmodel import RankCandidate, expected_tau, kappa_from_times, recommend_rank
 from .drafter import DraftKVCache, Eagle3Drafter
 from .factorize import lowrank_factorize, spectrum
 from .head import LowRankHead
 from .plots import plot_rank_vs_acceptance, plot_rank_vs_latency
-from .target import check_aux_layers, load_target, num_target_layers, target_embeddings, target_forward
+from .target import check_aux_layers, load_target, num_target_layers, target_forward
+from .trim import load_drafter_with_target_embeddings
 from .vocab import scatter_to_target_vocab
 
 logger = logging.getLogger(__name__)
@@ -440,13 +441,7 @@ def rank_sweep(
         raise FileNotFoundError(f"{drafter_path}: drafter folder not found")
     dtype = resolve_dtype(cfg.dtype)
     model, tokenizer = load_target(target, dtype)
-    try:
-        drafter = load_native(drafter_path)
-    except CheckpointError as err:
-        if EMBED_KEY not in str(err):
-            raise
-        drafter = load_native(drafter_path, embed_from=target_embeddings(model))
-    drafter = drafter.to(dtype).eval()
+    drafter = load_drafter_with_target_embeddings(drafter_path, model).to(dtype).eval()
     ranks = resolve_ranks(cfg.ranks, drafter.config.hidden_size)
     batches = load_eval_batches(data, tokenizer, cfg)
     measurement = None

@@ -169,8 +169,15 @@ def load_tokenizer(target: str | Path):
     return AutoTokenizer.from_pretrained(str(target))
 
 
-def load_drafter_with_target_embeddings(src: str | Path, target: str | Path) -> Eagle3Drafter:
+def load_drafter_with_target_embeddings(src: str | Path, target) -> Eagle3Drafter:
     """Load a SlimSpec-native drafter; borrow ``embed_tokens`` from the target only if the file lacks it.
+
+    Args:
+        src: drafter folder.
+        target: a loaded HF target model, or its path (loaded only when the embeddings are needed).
+
+    Returns:
+        The drafter (stored dtype).
 
     Raises:
         CheckpointError: unreadable drafter.
@@ -184,7 +191,7 @@ def load_drafter_with_target_embeddings(src: str | Path, target: str | Path) -> 
         if EMBED_KEY not in str(err):
             raise
     logger.info("%s has no %s; borrowing the target's embeddings", src, EMBED_KEY)
-    model, _ = load_target(target)
+    model = load_target(target)[0] if isinstance(target, str | Path) else target
     return load_native(src, embed_from=target_embeddings(model))
 
 

@@ -1,0 +1,108 @@
+"""bench e2e on tiny models: lossless outputs, tau recomputed from per-prompt stats, cost-model wiring."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+from typer.testing import CliRunner
+from wordlevel import save_tiny_target_folder
+
+from slimspec_convert.bench_e2e import head_kind
+from slimspec_convert.checkpoint import save_drafter
+from slimspec_convert.cli import app
+from slimspec_convert.costmodel import predicted_speedup
+from slimspec_convert.drafter import Eagle3Drafter
+from slimspec_convert.factorize import lowrank_factorize
+from slimspec_convert.trim import trim_drafter
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (the CPU is shared); restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _lowrank_copy(drafter: Eagle3Drafter, rank: int) -> Eagle3Drafter:
+    fac = lowrank_factorize(drafter.lm_head.weight.detach(), rank)
+    low = Eagle3Drafter(drafter.config.replace(head_rank=rank))
+    state = {k: v for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
+    state.update({"lm_head.up.weight": fac.W_up, "lm_head.down.weight": fac.W_down})
+    low.load_state_dict(state, strict=True)
+    return low.eval()
+
+
+def test_head_kind():
+    full = tiny_drafter()
+    assert [head_kind(None), head_kind(full), head_kind(_lowrank_copy(full, 8))] == [
+        "plain",
+        "full",
+        "lowrank",
+    ]
+    assert head_kind(tiny_drafter(draft_vocab_size=64)) == "trimmed"
+
+
+def test_cli_bench_e2e(tmp_path):
+    target = save_tiny_target_folder(tmp_path / "target", tiny_target(), ["a", "b", "c", "d", "e", "f"])
+    full = tiny_drafter()
+    paths = {"full": tmp_path / "full", "low": tmp_path / "low", "trim": tmp_path / "trim"}
+    save_drafter(full, paths["full"], include_embeddings=True)
+    save_drafter(_lowrank_copy(full, 8), paths["low"], include_embeddings=True)
+    save_drafter(trim_drafter(full, torch.arange(128), 64), paths["trim"], include_embeddings=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a b c"}\n{"turns": ["d e f a", "ignored second turn"]}\n')
+    args = [
+        "bench",
+        "e2e",
+        "--target",
+        str(target),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-new-tokens",
+        "6",
+        "--draft",
+        "chain",
+        "--json",
+    ]
+    for name, path in paths.items():
+        args += ["--drafter", f"{name}={path}"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert list(rows) == ["none", "full", "low", "trim"]
+    assert [rows[n]["kind"] for n in rows] == ["plain", "full", "lowrank", "trimmed"]
+    assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
+    assert summary["reference"] == "full" and summary["num_prompts"] == 2
+    # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
+    assert [rows[n]["lossless"] for n in ("full", "low", "trim")] == [True, True, True]
+    full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    plain_ids = [p["output_ids"] for p in full_json["per_prompt"]["none"]]
+    for name in ("full", "low", "trim"):
+        assert [p["output_ids"] for p in full_json["per_prompt"][name]] == plain_ids
+        # tau = committed tokens / verification rounds, recomputed from the raw per-prompt stats.
+        per = full_json["per_prompt"][name]
+        tau = sum(sum(p["committed_per_cycle"]) for p in per) / sum(p["cycles"] for p in per)
+        assert rows[name]["tau"] == pytest.approx(tau)
+        assert 1.0 <= tau <= 6.0  # chain depth 5: k + 1 at most
+    assert rows["none"]["tau"] == 1.0  # plain decoding commits exactly one token per target forward
+    ref = rows["full"]
+    assert summary["kappa"] == pytest.approx(ref["head_ms"] / (ref["wall_ms"] - ref["head_ms"]))
+    assert (ref["nu"], ref["rho_tau"], ref["measured_rho_tps"]) == (1.0, 1.0, 1.0)
+    low = rows["low"]
+    assert low["rho_tau"] == pytest.approx(low["tau"] / ref["tau"])
+    assert low["predicted_rho_tps"] == pytest.approx(
+        predicted_speedup(low["rho_tau"], low["nu"], summary["kappa"])
+    )
+    assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
+    assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| low | lowrank r=8 V_d=128 |" in (tmp_path / "out" / "e2e.md").read_text()
+    bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
+    assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
