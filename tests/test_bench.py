@@ -180,3 +180,35 @@ def test_cli_bench_head_errors():
         app, ["bench", "head", "--hidden-size", "64", "--vocab-size", "128", "--dtype", "int8"]
     )
     assert res.exit_code == 2 and "BenchHeadConfig.dtype='int8'" in res.output
+
+
+def test_cli_bench_head_drafter_shape(tmp_path):
+    from conftest import tiny_drafter
+
+    from slimspec_convert.checkpoint import save_drafter
+
+    save_drafter(tiny_drafter(draft_vocab_size=64), tmp_path / "drafter")
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "head",
+            "--drafter",
+            str(tmp_path / "drafter"),
+            "--ranks",
+            "d/8",
+            "--batch-sizes",
+            "1",
+            "--dtype",
+            "fp32",
+            "--repeats",
+            "3",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    # The drafter's own head: d = 32, V_d = 64 (trimmed), r = 32 / 8 = 4.
+    assert [(r["hidden_size"], r["vocab_size"], r["rank"]) for r in rows] == [(32, 64, 4)]
