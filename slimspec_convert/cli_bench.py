@@ -186,6 +186,7 @@ def rank_sweep_cmd(
     max_length: Annotated[int | None, typer.Option(help="tokens per conversation")] = None,
     dtype: Annotated[str | None, typer.Option(help="fp32 (default), bf16 or fp16")] = None,
     repeats: Annotated[int | None, typer.Option(help="timed rounds per latency")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -194,6 +195,8 @@ def rank_sweep_cmd(
     from .ranksweep import rank_sweep, sweep_markdown
 
     try:
+        if threads is not None:
+            torch.set_num_threads(threads)
         given = {
             "ranks": _csv(ranks, "--ranks") if ranks else None,
             "kappa": kappa,
