@@ -137,6 +137,48 @@ class DecodeState:
     t_start: float = 0.0
 
 
+def verify_attention_mask(
+    valid: Tensor,
+    ancestors: Tensor | None,
+    qpos: Tensor,
+    slot_pos: Tensor | None,
+    windows: dict[str, int | None],
+    dtype: torch.dtype,
+):
+    """Additive 4-D attention mask for verifying T new tokens after S cached slots.
+
+    transformers (5.x ``masking_utils._preprocess_mask_arguments``) passes a 4-D ``attention_mask``
+    through unchanged; with explicit ``position_ids`` this gives tree attention. The mask is
+    additive (0 = attend, dtype min = masked) so eager and SDPA attention both accept it; every
+    query sees at least itself, so no row is fully masked.
+
+    Args:
+        valid: [B, S] bool, True for real cached slots (False for padding and holes).
+        ancestors: [B, T, T] bool tree mask (query i may see new token j), None = causal chain.
+        qpos: [B, T] int64 positions of the new tokens.
+        slot_pos: [B, S] int64 positions of the cached slots (needed only with a window).
+        windows: ``{layer_type: sliding window or None}`` (:func:`target.target_mask_windows`).
+        dtype: the target's dtype.
+
+    Returns:
+        [B, 1, T, S + T] tensor, or ``{layer_type: tensor}`` when the target mixes layer types.
+    """
+    B, T = qpos.shape
+    S = valid.shape[1]
+    if ancestors is None:
+        ancestors = torch.ones(T, T, dtype=torch.bool, device=qpos.device).tril().expand(B, T, T)
+    allowed = torch.cat([valid[:, None, :].expand(B, T, S), ancestors], dim=-1)  # [B, T, S+T]
+    masks = {}
+    for layer_type, window in windows.items():
+        m = allowed
+        if window is not None:
+            kpos = torch.cat([slot_pos, qpos], dim=1)  # [B, S+T]
+            m = m & (kpos[:, None, :] > qpos[:, :, None] - window)  # HF sliding_window_overlay
+        additive = torch.zeros(B, 1, T, S + T, dtype=dtype, device=qpos.device)
+        masks[layer_type] = additive.masked_fill_(~m[:, None], torch.finfo(dtype).min)
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
 class SpeculativeGenerator:
     """Generate with a target alone or with an EAGLE-3 drafter; greedy output equals the target's.
 
@@ -433,27 +475,12 @@ class SpeculativeGenerator:
         return verify_chain_sampling(draft_ids, q, probs, uniforms[:, -(k + 1) :])
 
     def _target_mask(self, st: DecodeState, anc: Tensor | None, qpos: Tensor, S: int):
-        """Additive 4-D mask [B, 1, T, S + T] for the verify pass (dict per layer type if mixed);
-        None when plain causal attention over the cache is exact."""
-        B, T = qpos.shape
+        """The verify pass's mask, or None when plain causal attention over the cache is exact."""
         if anc is None and st.valid is None and not self._windowed():
             return None
-        prefix = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
-        new = (
-            anc
-            if anc is not None
-            else torch.ones(T, T, dtype=torch.bool, device=self.device).tril().expand(B, T, T)
-        )
-        allowed = torch.cat([prefix[:, None, :].expand(B, T, S), new], dim=-1)  # [B, T, S+T]
-        masks = {}
-        for layer_type, window in self.windows.items():
-            m = allowed
-            if window is not None:
-                kpos = torch.cat([st.slot_pos, qpos], dim=1)  # [B, S+T]
-                m = m & (kpos[:, None, :] > qpos[:, :, None] - window)
-            additive = torch.zeros(B, 1, T, S + T, dtype=self.dtype, device=self.device)
-            masks[layer_type] = additive.masked_fill_(~m[:, None], torch.finfo(self.dtype).min)
-        return next(iter(masks.values())) if len(masks) == 1 else masks
+        B = qpos.shape[0]
+        valid = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
+        return verify_attention_mask(valid, anc, qpos, st.slot_pos, self.windows, self.dtype)
 
     # ---- commit and cache bookkeeping --------------------------------------------------------
     def _commit(self, st: DecodeState, b: int, tokens: list[int], record: bool = True) -> tuple[int, bool]:
