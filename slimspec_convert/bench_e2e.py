@@ -12,6 +12,9 @@ cost model's inputs are measured in the same run:
   head calls per round are equal and this is the per-call ratio;
 * ``rho_tau = tau_new / tau_ref``; predicted ``rho_TPS`` (SlimSpec section 3) beside the measured
   tokens/s ratio.
+
+:func:`measure_kappa` estimates kappa without decoding, from interleaved timings of the stages of one
+chain step (used by ``rank-sweep``).
 """
 
 from __future__ import annotations
@@ -22,14 +25,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from . import __version__
+from .bench import time_interleaved
 from .checkpoint import atomic_write_bytes, atomic_write_json
 from .config import E2E_PLAIN_NAME, BenchE2EConfig, DraftConfig, SamplingConfig
-from .costmodel import predicted_speedup
-from .drafter import Eagle3Drafter
+from .costmodel import kappa_from_times, predicted_speedup
+from .drafter import DraftKVCache, Eagle3Drafter
 from .generate import GenerationResult, SpeculativeGenerator
 from .head import LowRankHead
 from .plots import plot_predicted_vs_measured
+from .target import check_aux_layers, num_target_layers, target_forward
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +53,86 @@ def head_kind(drafter: Eagle3Drafter | None) -> str:
     return {(False, False): "full", (True, False): "lowrank", (False, True): "trimmed"}.get(
         (low, trimmed), "lowrank+trimmed"
     )
+
+
+@dataclass(frozen=True)
+class KappaMeasurement:
+    """Stage times of one chain speculation step (k draft steps, one verification of k + 1 tokens).
+
+    Attributes:
+        num_draft_tokens: k.
+        head_ms: one full-head call, batch 1.
+        body_ms: one drafter body step (decoder layer over a cached prefix).
+        fuse_ms: fusing k + 1 verified positions' aux states.
+        verify_ms: target forward of k + 1 tokens over a cached prefix.
+        kappa: ``k head_ms / (k body_ms + fuse_ms + verify_ms)``.
+    """
+
+    num_draft_tokens: int
+    head_ms: float
+    body_ms: float
+    fuse_ms: float
+    verify_ms: float
+    kappa: float
+
+
+@torch.no_grad()
+def measure_kappa(
+    drafter: Eagle3Drafter,
+    target_model,
+    input_ids: Tensor,
+    num_draft_tokens: int,
+    *,
+    warmup: int = 1,
+    repeats: int = 15,
+) -> KappaMeasurement:
+    """Estimate kappa on this machine from interleaved stage timings of a chain step after a real prefix.
+
+    Args:
+        drafter: drafter with the *full* head.
+        target_model: HF causal LM.
+        input_ids: [1, L] prefix (L >= 2).
+        num_draft_tokens: k.
+        warmup: untimed rounds.
+        repeats: timed rounds.
+
+    Returns:
+        :class:`KappaMeasurement`.
+    """
+    aux_layers = drafter.config.resolved_aux_layer_ids(num_target_layers(target_model))
+    check_aux_layers(aux_layers, num_target_layers(target_model))
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    L, k = input_ids.shape[1], num_draft_tokens
+    prefill = target_forward(target_model, input_ids, aux_layers, use_cache=True)
+    cache = prefill.past_key_values
+    feats = drafter.fuse(prefill.aux_hidden[:, :-1].to(dtype))  # [1, L-1, d]
+    dcache = DraftKVCache()
+    drafter(input_ids[:, 1:], feats, torch.arange(L - 1)[None], cache=dcache)
+    new_ids = input_ids[:, -1:].expand(1, k + 1).contiguous()  # [1, k+1], values do not change the cost
+    step_in = (input_ids[:, -1:], feats[:, -1:], torch.tensor([[L - 1]]))
+    normed = drafter.norm(feats[:, -1:])  # [1, 1, d]
+    aux_verify = prefill.aux_hidden[:, -(k + 1) :].to(dtype)  # [1, k+1, K*dt] (clamped by L)
+
+    def verify():
+        target_forward(target_model, new_ids, aux_layers, past_key_values=cache, use_cache=True)
+        cache.crop(-(k + 1))  # drop the k + 1 verified tokens again
+
+    def body():
+        drafter(*step_in, cache=dcache)
+        dcache.crop(L - 1)
+
+    fns = {
+        "head": lambda: drafter.lm_head(normed),
+        "body": body,
+        "fuse": lambda: drafter.fuse(aux_verify),
+        "verify": verify,
+    }
+    t = {
+        n: v.median_ms
+        for n, v in time_interleaved(fns, warmup=warmup, repeats=repeats, min_repeats=min(3, repeats)).items()
+    }
+    kappa = kappa_from_times(k * t["head"], k * t["body"] + t["fuse"] + t["verify"])
+    return KappaMeasurement(k, t["head"], t["body"], t["fuse"], t["verify"], kappa)
 
 
 @dataclass(frozen=True)

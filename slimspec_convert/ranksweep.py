@@ -27,11 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import __version__
-from .bench import resolve_dtype, resolve_ranks, time_interleaved, time_module_calls
+from .bench import resolve_dtype, resolve_ranks, time_module_calls
+from .bench_e2e import KappaMeasurement, measure_kappa
 from .checkpoint import atomic_write_bytes, atomic_write_json
 from .config import RankSweepConfig
-from .costmodel import RankCandidate, expected_tau, kappa_from_times, recommend_rank
-from .drafter import DraftKVCache, Eagle3Drafter
+from .costmodel import RankCandidate, expected_tau, recommend_rank
+from .drafter import Eagle3Drafter
 from .factorize import lowrank_factorize, spectrum
 from .head import LowRankHead
 from .plots import plot_rank_vs_acceptance, plot_rank_vs_latency
@@ -134,85 +135,6 @@ def expected_acceptance(
 ) -> AcceptanceStats:
     """Step-0 offline acceptance of the drafter's own head (see :func:`expected_acceptance_by_head`)."""
     return expected_acceptance_by_head(drafter, target_model, batches, {"head": drafter.lm_head})["head"]
-
-
-@dataclass(frozen=True)
-class KappaMeasurement:
-    """Stage times of one chain speculation step (k draft steps, one verification of k + 1 tokens).
-
-    Attributes:
-        num_draft_tokens: k.
-        head_ms: one full-head call, batch 1.
-        body_ms: one drafter body step (decoder layer over a cached prefix).
-        fuse_ms: fusing k + 1 verified positions' aux states.
-        verify_ms: target forward of k + 1 tokens over a cached prefix.
-        kappa: ``k head_ms / (k body_ms + fuse_ms + verify_ms)``.
-    """
-
-    num_draft_tokens: int
-    head_ms: float
-    body_ms: float
-    fuse_ms: float
-    verify_ms: float
-    kappa: float
-
-
-@torch.no_grad()
-def measure_kappa(
-    drafter: Eagle3Drafter,
-    target_model,
-    input_ids: Tensor,
-    num_draft_tokens: int,
-    *,
-    warmup: int = 1,
-    repeats: int = 15,
-) -> KappaMeasurement:
-    """Estimate kappa on this machine from interleaved stage timings of a chain step after a real prefix.
-
-    Args:
-        drafter: drafter with the *full* head.
-        target_model: HF causal LM.
-        input_ids: [1, L] prefix (L >= 2).
-        num_draft_tokens: k.
-        warmup: untimed rounds.
-        repeats: timed rounds.
-
-    Returns:
-        :class:`KappaMeasurement`.
-    """
-    aux_layers = _aux_layers(drafter, target_model)
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
-    L, k = input_ids.shape[1], num_draft_tokens
-    prefill = target_forward(target_model, input_ids, aux_layers, use_cache=True)
-    cache = prefill.past_key_values
-    feats = drafter.fuse(prefill.aux_hidden[:, :-1].to(dtype))  # [1, L-1, d]
-    dcache = DraftKVCache()
-    drafter(input_ids[:, 1:], feats, torch.arange(L - 1)[None], cache=dcache)
-    new_ids = input_ids[:, -1:].expand(1, k + 1).contiguous()  # [1, k+1], values do not change the cost
-    step_in = (input_ids[:, -1:], feats[:, -1:], torch.tensor([[L - 1]]))
-    normed = drafter.norm(feats[:, -1:])  # [1, 1, d]
-    aux_verify = prefill.aux_hidden[:, -(k + 1) :].to(dtype)  # [1, k+1, K*dt] (clamped by L)
-
-    def verify():
-        target_forward(target_model, new_ids, aux_layers, past_key_values=cache, use_cache=True)
-        cache.crop(-(k + 1))  # drop the k + 1 verified tokens again
-
-    def body():
-        drafter(*step_in, cache=dcache)
-        dcache.crop(L - 1)
-
-    fns = {
-        "head": lambda: drafter.lm_head(normed),
-        "body": body,
-        "fuse": lambda: drafter.fuse(aux_verify),
-        "verify": verify,
-    }
-    t = {
-        n: v.median_ms
-        for n, v in time_interleaved(fns, warmup=warmup, repeats=repeats, min_repeats=min(3, repeats)).items()
-    }
-    kappa = kappa_from_times(k * t["head"], k * t["body"] + t["fuse"] + t["verify"])
-    return KappaMeasurement(k, t["head"], t["body"], t["fuse"], t["verify"], kappa)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from typer.testing import CliRunner
 from wordlevel import save_tiny_target_folder
 
 import slimspec_convert.ranksweep as rs
+from slimspec_convert.bench_e2e import measure_kappa
 from slimspec_convert.checkpoint import save_drafter
 from slimspec_convert.cli import app
 from slimspec_convert.config import RankSweepConfig
 from slimspec_convert.factorize import lowrank_factorize, relative_error
-from slimspec_convert.ranksweep import AcceptanceStats, expected_acceptance, measure_kappa, sweep_ranks
+from slimspec_convert.ranksweep import AcceptanceStats, expected_acceptance, sweep_ranks
 from slimspec_convert.target import target_forward
 
 
