@@ -273,3 +273,114 @@ def test_load_prompts_mt_bench_turns_and_prompt_lines(tmp_path):
         load_prompts(f)
     f.write_text(json.dumps({"prompt": "hi"}) + "\n")
     assert load_prompts(f) == [("hi",)]
+
+
+# ---- integration: the real SmolLM2-135M-Instruct target ----------------------------------------
+def smollm2_random_drafter(model):
+    """A random drafter of SmolLM2's shape (d=576, 9/3 heads of 64, I=1536, V=49152), embedding
+    borrowed from the target, no aux ids (so the upstream defaults apply, with a warning)."""
+    from slimspec_convert.config import DrafterConfig
+    from slimspec_convert.drafter import Eagle3Drafter
+
+    torch.manual_seed(0)
+    cfg = DrafterConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        draft_vocab_size=49152,
+    )
+    drafter = Eagle3Drafter(cfg).eval()
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from slimspec_convert.target import load_target
+
+    return load_target(smollm2_path, "float32")
+
+
+@pytest.mark.integration
+def test_smollm2_greedy_speculative_equals_plain_on_mt_bench(smollm2, caplog):
+    model, tokenizer = smollm2
+    questions = [t[0] for t in load_prompts(MT_BENCH)][:10]
+    drafter = smollm2_random_drafter(model)
+    draft = DraftConfig(method="tree", depth=3, top_k=3, total_tokens=8)
+    with caplog.at_level(logging.WARNING, logger="slimspec_convert.generate"):
+        gen = SpeculativeGenerator(
+            model, tokenizer, drafter, draft, SamplingConfig(max_new_tokens=24), batch_size=5
+        )
+    assert gen.aux_layers == (2, 15, 27) and "no aux layer ids" in caplog.text
+    results = gen.generate(questions)
+    for q, r in zip(questions, results, strict=True):
+        ids, text = gen.encode(q)
+        assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=2
+        )
+        assert r.output_ids == out[0, len(ids) :].tolist(), q
+        assert r.text == tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        assert r.stats.chat_template is not None and r.stats.chat_template.startswith("sha256:")
+
+
+@pytest.mark.integration
+def test_smollm2_chat_rendering(smollm2):
+    from slimspec_convert.prompts import render_chat
+
+    _, tokenizer = smollm2
+    default = render_chat(tokenizer, ["Hi"])
+    assert default == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    two = render_chat(tokenizer, ["Hi", "More"], ["Hello!"], system_prompt="Be brief.")
+    assert two == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.integration
+def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from slimspec_convert.checkpoint import save_drafter
+    from slimspec_convert.cli import app
+
+    model, _ = smollm2
+    save_drafter(smollm2_random_drafter(model), tmp_path / "drafter")
+    common = ["generate", "--target", str(smollm2_path), "--prompts", str(MT_BENCH), "--limit", "2"]
+    common += ["--max-new-tokens", "6", "--json", "--threads", "1"]
+    runner = CliRunner()
+    plain = runner.invoke(app, [*common, "--drafter", "none"])
+    assert plain.exit_code == 0, plain.output
+    spec = runner.invoke(
+        app, [*common, "--drafter", str(tmp_path / "drafter"), "--draft", "chain", "--depth", "2"]
+    )
+    assert spec.exit_code == 0, spec.output
+    a, b = json.loads(plain.stdout), json.loads(spec.stdout)
+    assert [r["output_ids"] for r in a] == [r["output_ids"] for r in b]
+    assert len(a) == 2 and a[0]["prompt"].startswith("Compose an engaging travel blog post")
+    for r in b:
+        assert set(r) >= {"prompt", "output_ids", "text", "stats"}
+        assert set(r["stats"]) >= {
+            "tau",
+            "new_tokens",
+            "cycles",
+            "tokens_per_s",
+            "wall_ms",
+            "target_ms",
+            "drafter_backbone_ms",
+            "drafter_head_ms",
+            "chat_template",
+            "system_prompt",
+        }
+        assert r["stats"]["new_tokens"] == len(r["output_ids"]) <= 6
+        assert r["stats"]["drafter_head_ms"] > 0
+    bad = runner.invoke(app, ["generate", "--target", str(smollm2_path), "--drafter", "none"])
+    assert bad.exit_code == 2 and "exactly one of --prompt TEXT or --prompts" in bad.output
