@@ -418,3 +418,26 @@ class BenchE2EConfig:
             raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
         DraftConfig(method=self.draft_method)  # validates the method name
         _check_dtype("BenchE2EConfig", self.dtype)
+
+
+# ---- generate (issue 3) --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Options of ``slimspec generate`` besides drafting (:class:`DraftConfig`) and decoding
+    (:class:`SamplingConfig`): prompt handling, batching and the target dtype."""
+
+    chat: bool = True
+    system_prompt: str | None = None  # None keeps the chat template's own default
+    all_turns: bool = False
+    batch_size: int = 1
+    dtype: str = "float32"
+    max_prompts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"GenerateConfig.batch_size={self.batch_size}: expected >= 1")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ValueError(f"GenerateConfig.max_prompts={self.max_prompts}: expected >= 1")
+        if self.all_turns and not self.chat:
+            raise ValueError("GenerateConfig.all_turns needs chat (multi-turn prompts use the chat template)")
+        _check_dtype("GenerateConfig", self.dtype)
