@@ -187,6 +187,10 @@ def rank_sweep_cmd(
     dtype: Annotated[str | None, typer.Option(help="fp32 (default), bf16 or fp16")] = None,
     repeats: Annotated[int | None, typer.Option(help="timed rounds per latency")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    finetune_steps: Annotated[int, typer.Option(help="head fine-tune steps per rank (0 = SVD only)")] = 0,
+    finetune_data: Annotated[
+        list[Path] | None, typer.Option(help="training conversations for --finetune-steps (repeatable)")
+    ] = None,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -206,7 +210,12 @@ def rank_sweep_cmd(
             "dtype": dtype,
             "repeats": repeats,
         }
-        cfg = RankSweepConfig(force=force, **{k: v for k, v in given.items() if v is not None})
+        cfg = RankSweepConfig(
+            force=force,
+            finetune_steps=finetune_steps,
+            finetune_data=tuple(str(p) for p in finetune_data or ()),
+            **{k: v for k, v in given.items() if v is not None},
+        )
         result = rank_sweep(target, drafter, [str(p) for p in data], out, cfg)
     except USER_ERRORS as err:
         fail(err)

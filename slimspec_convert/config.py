@@ -302,7 +302,7 @@ class BenchHeadConfig:
             raise ValueError("BenchHeadConfig.shapes is empty: give at least one (hidden_size, vocab_size)")
         for d, v in self.shapes:
             if d < 1 or v < 1:
-                raise ValueError(f"BenchHeadConfig.shapes: (hidden_size={d}, vocab_size={v}) must be positive")
+                raise ValueError(f"BenchHeadConfig.shapes: (hidden_size={d}, vocab_size={v}): must be > 0")
         if not self.ranks:
             raise ValueError("BenchHeadConfig.ranks is empty")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -312,8 +312,8 @@ class BenchHeadConfig:
             raise ValueError(f"BenchHeadConfig.trimmed_rows={self.trimmed_rows}: expected >= 0 (0 = skip)")
         if self.warmup < 0 or self.min_repeats < 1 or self.repeats < self.min_repeats:
             raise ValueError(
-                f"BenchHeadConfig: warmup={self.warmup}, min_repeats={self.min_repeats}, repeats={self.repeats}: "
-                "expected warmup >= 0 and 1 <= min_repeats <= repeats"
+                f"BenchHeadConfig: warmup={self.warmup}, min_repeats={self.min_repeats}, "
+                f"repeats={self.repeats}: expected warmup >= 0 and 1 <= min_repeats <= repeats"
             )
         if self.budget_s <= 0:
             raise ValueError(f"BenchHeadConfig.budget_s={self.budget_s}: expected > 0")
@@ -359,11 +359,19 @@ class RankSweepConfig:
     dtype: str = "float32"
     warmup: int = DEFAULT_BENCH_WARMUP
     repeats: int = DEFAULT_BENCH_REPEATS
+    finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.loop.Trainer)
+    finetune_data: tuple[str, ...] = ()
     force: bool = False
 
     def __post_init__(self) -> None:
         if not self.ranks:
             raise ValueError("RankSweepConfig.ranks is empty")
+        if self.finetune_steps < 0:
+            raise ValueError(f"RankSweepConfig.finetune_steps={self.finetune_steps}: expected >= 0")
+        if self.finetune_steps and not self.finetune_data:
+            raise ValueError(
+                "RankSweepConfig.finetune_steps needs finetune_data (--finetune-data, not the held-out data)"
+            )
         if self.kappa is not None and self.kappa < 0:
             raise ValueError(f"RankSweepConfig.kappa={self.kappa}: expected >= 0")
         for name in ("num_draft_tokens", "max_examples", "batch_size", "repeats"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,6 +152,7 @@ class SweepRow:
     rho_tau: float
     predicted_speedup: float
     break_even_rho_tau: float
+    expected_acceptance_svd: float  # before any fine-tune (equals expected_acceptance without one)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class SweepResult:
     recommended_rank: int | None
     recommended_speedup: float
     ceiling: float
+    finetune_steps: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict (with the package version)."""
@@ -183,6 +185,7 @@ def sweep_ranks(
     cfg: RankSweepConfig,
     kappa: float | None = None,
     kappa_measurement: KappaMeasurement | None = None,
+    tune: Callable[[dict[str, LowRankHead]], dict[str, nn.Module]] | None = None,
 ) -> SweepResult:
     """Evaluate every rank against the drafter's full head and recommend one.
 
@@ -194,6 +197,9 @@ def sweep_ranks(
         cfg: repeat policy and k (``num_draft_tokens``).
         kappa: the kappa to use (given with ``--kappa``), or None to take ``kappa_measurement.kappa``.
         kappa_measurement: stage timings when kappa was measured.
+        tune: optional map from the SVD heads (keyed by ``str(r)``) to fine-tuned heads of the same
+            shapes (e.g. :func:`finetune_heads`); the cost model then uses the tuned acceptance and
+            ``expected_acceptance_svd`` keeps the SVD-only value.
 
     Returns:
         :class:`SweepResult` (rows: the full head first, then ranks ascending).
@@ -219,9 +225,14 @@ def sweep_ranks(
             head.up.weight.copy_(fac.W_up[:, :r])
             head.down.weight.copy_(fac.W_down[:r])
         heads[str(r)] = head.eval()
-    acc = expected_acceptance_by_head(drafter, target_model, batches, heads)
+    tuned = tune({str(r): heads[str(r)] for r in ranks}) if tune is not None else {}
+    acc = expected_acceptance_by_head(
+        drafter, target_model, batches, {**heads, **{f"{n}+ft": h for n, h in tuned.items()}}
+    )
+    svd_acc = {n: acc[n].expected_acceptance for n in heads}
+    acc.update({n: acc.pop(f"{n}+ft") for n in tuned})  # the tuned head's acceptance is the one used
     x = torch.randn(1, d, dtype=W.dtype, generator=torch.Generator().manual_seed(0))  # [1, d]
-    head_ms = time_module_calls(heads, x, warmup=cfg.warmup, repeats=cfg.repeats)
+    head_ms = time_module_calls(heads, x, warmup=cfg.warmup, repeats=cfg.repeats)  # same shapes when tuned
     k = cfg.num_draft_tokens
     tau = {n: expected_tau(min(1.0, a.expected_acceptance), k) for n, a in acc.items()}
     rec = recommend_rank(
@@ -246,6 +257,7 @@ def sweep_ranks(
                 pred.rho_tau,
                 pred.predicted_speedup,
                 pred.break_even_rho_tau,
+                svd_acc[name],
             )
         )
     return SweepResult(
@@ -260,7 +272,63 @@ def sweep_ranks(
         rec.best.rank,
         rec.best.predicted_speedup,
         rec.ceiling,
+        cfg.finetune_steps if tune is not None else 0,
     )
+
+
+def finetune_heads(
+    drafter: Eagle3Drafter,
+    target_model,
+    heads: Mapping[str, LowRankHead],
+    train_examples: list,
+    eval_examples: list,
+    steps: int,
+    out_dir: Path,
+    pad_id: int,
+) -> dict[str, nn.Module]:
+    """Short KL fine-tune of each SVD head on the drafter body (``finetune.loop.Trainer``, train='head').
+
+    Each run writes its folder ``out_dir / finetune_r{r}`` (the trainer's best-by-held-out drafter,
+    state and logs); the returned head is the one after the last step, so the sweep's acceptance is
+    not selected on the data it is measured on.
+
+    Args:
+        drafter: the full-head drafter (its body is copied, frozen).
+        target_model: HF causal LM (the teacher).
+        heads: ``str(r)`` -> SVD-initialised :class:`LowRankHead`.
+        train_examples: ``finetune.data.Example`` list (never the held-out data).
+        eval_examples: held-out examples for the trainer's own evaluation.
+        steps: optimizer steps per rank.
+        out_dir: parent folder of the per-rank runs.
+        pad_id: padding token id.
+
+    Returns:
+        ``str(r)`` -> fine-tuned head (float32).
+    """
+    from finetune.config import FinetuneConfig
+    from finetune.loop import Trainer
+
+    cfg = FinetuneConfig(
+        steps=steps,
+        train="head",
+        eval_every=steps,
+        save_every=steps,
+        eval_batches=1,
+        warmup_steps=min(10, steps // 10),
+    )
+    aux = _aux_layers(drafter, target_model)
+    out = {}
+    for name, head in heads.items():
+        low = Eagle3Drafter(drafter.config.replace(head_rank=head.rank))
+        state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("lm_head.")}
+        state.update({f"lm_head.{k}": v for k, v in head.state_dict().items()})
+        low.load_state_dict(state, strict=True)
+        low = low.float()
+        Trainer(
+            low, target_model, aux, train_examples, eval_examples, cfg, out_dir / f"finetune_r{name}", pad_id
+        ).run()
+        out[name] = low.lm_head.requires_grad_(False).eval()
+    return out
 
 
 def sweep_markdown(result: SweepResult) -> str:
@@ -270,14 +338,17 @@ def sweep_markdown(result: SweepResult) -> str:
         f"({result.kappa_source}), k={result.num_draft_tokens}, {result.num_positions} held-out positions. "
         "tau = accepted drafts + 1 bonus (chain model from expected acceptance).",
         "",
-        "| rank | SVD rel. error | energy | exp. acceptance | top-1 | tau est. | head ms | nu | rho_tau "
-        "| predicted rho_TPS | break-even rho_tau |",
+        "| rank | SVD rel. error | energy | exp. acceptance (SVD only) | top-1 | tau est. | head ms | nu "
+        "| rho_tau | predicted rho_TPS | break-even rho_tau |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if result.finetune_steps:
+        lines[0] += f" Low-rank acceptance after a {result.finetune_steps}-step head fine-tune."
     for r in result.rows:
         lines.append(
             f"| {'full' if r.rank is None else r.rank} | {r.relative_error:.4f} | {r.energy_retained:.4f} "
-            f"| {r.expected_acceptance:.4f} | {r.top1_agreement:.4f} | {r.tau_estimate:.3f} "
+            f"| {r.expected_acceptance:.4f} ({r.expected_acceptance_svd:.4f}) | {r.top1_agreement:.4f} "
+            f"| {r.tau_estimate:.3f} "
             f"| {r.head_ms:.3f} | {r.nu:.3f} | {r.rho_tau:.4f} | {r.predicted_speedup:.4f} "
             f"| {r.break_even_rho_tau:.4f} |"
         )
@@ -324,8 +395,11 @@ def write_sweep(result: SweepResult, out_dir: Path, force: bool = False) -> list
 
 def load_eval_batches(
     paths: Sequence[str | Path], tokenizer, cfg: RankSweepConfig
-) -> list[dict[str, Tensor]]:
-    """Held-out batches from conversation files (assistant tokens supervised; prompt-only records skipped).
+) -> tuple[list, list[dict]]:
+    """Held-out examples and their batches (assistant tokens supervised; prompt-only records skipped).
+
+    Returns:
+        (``finetune.data.Example`` list, right-padded batches of ``cfg.batch_size`` from ``collate``).
 
     Raises:
         FileNotFoundError: a missing file.
@@ -339,7 +413,10 @@ def load_eval_batches(
             f"{[str(p) for p in paths]}: no conversation with an assistant turn for held-out acceptance"
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return [collate(examples[i : i + cfg.batch_size], pad) for i in range(0, len(examples), cfg.batch_size)]
+    batches = [
+        collate(examples[i : i + cfg.batch_size], pad) for i in range(0, len(examples), cfg.batch_size)
+    ]
+    return examples, batches
 
 
 def rank_sweep(
@@ -365,14 +442,27 @@ def rank_sweep(
     model, tokenizer = load_target(target, dtype)
     drafter = load_drafter_with_target_embeddings(drafter_path, model).to(dtype).eval()
     ranks = resolve_ranks(cfg.ranks, drafter.config.hidden_size)
-    batches = load_eval_batches(data, tokenizer, cfg)
+    examples, batches = load_eval_batches(data, tokenizer, cfg)
+    tune = None
+    if cfg.finetune_steps:
+        from finetune.config import FinetuneConfig
+        from finetune.run import load_examples
+
+        train, _ = load_examples(
+            tokenizer, list(cfg.finetune_data), FinetuneConfig(max_length=cfg.max_length)
+        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+        def tune(heads):
+            return finetune_heads(drafter, model, heads, train, examples, cfg.finetune_steps, out, pad)
+
     measurement = None
     if cfg.kappa is None:
         first = batches[0]["input_ids"][:1, : int(batches[0]["attention_mask"][0].sum())]
         measurement = measure_kappa(
             drafter, model, first, cfg.num_draft_tokens, warmup=cfg.warmup, repeats=cfg.repeats
         )
-    result = sweep_ranks(drafter, model, batches, ranks, cfg, kappa=cfg.kappa, kappa_measurement=measurement)
+    result = sweep_ranks(drafter, model, batches, ranks, cfg, cfg.kappa, measurement, tune)
     write_sweep(result, out, force=cfg.force)
     logger.info(
         "rank sweep written to %s: %s", out, json.dumps({"recommended_rank": result.recommended_rank})

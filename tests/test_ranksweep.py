@@ -193,3 +193,59 @@ def test_cli_rank_sweep(tmp_path):
     assert (tmp_path / "out" / "rank_vs_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "pass --force" in res.output
+
+
+def _random_conversations(path, num, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    vocab = ["a", "b", "c", "d", "e", "f"] + [f"w{i}" for i in range(12, 128)]
+    lines = []
+    for _ in range(num):
+        ws = [vocab[int(i)] for i in torch.randint(0, len(vocab), (length,), generator=g)]
+        user, answer = " ".join(ws[:4]), " ".join(ws[4:])
+        lines.append(
+            json.dumps(
+                {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+            )
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_rank_sweep_with_head_finetune(tmp_path):
+    target = save_tiny_target_folder(tmp_path / "target", tiny_target(), ["a", "b", "c", "d", "e", "f"])
+    save_drafter(tiny_drafter(), tmp_path / "drafter", include_embeddings=True)
+    train = _random_conversations(tmp_path / "train.jsonl", 16, 24, seed=0)
+    heldout = _random_conversations(tmp_path / "heldout.jsonl", 4, 24, seed=1)
+    args = [
+        "rank-sweep",
+        "--target",
+        str(target),
+        "--drafter",
+        str(tmp_path / "drafter"),
+        "--data",
+        str(heldout),
+        "--out",
+        str(tmp_path / "out"),
+        "--ranks",
+        "4",
+        "--kappa",
+        "0.3",
+        "--repeats",
+        "3",
+        "--finetune-steps",
+        "3",
+        "--finetune-data",
+        str(train),
+        "--json",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    full, r4 = out["rows"]
+    assert out["finetune_steps"] == 3
+    assert full["expected_acceptance"] == full["expected_acceptance_svd"]
+    # Three KL steps on the head raise held-out acceptance above the SVD initialisation (seeded case).
+    assert r4["expected_acceptance"] > r4["expected_acceptance_svd"]
+    assert (tmp_path / "out" / "finetune_r4" / "model.safetensors").is_file()
+    res = CliRunner().invoke(app, args[:-5] + ["--finetune-steps", "3"])
+    assert res.exit_code == 2 and "needs finetune_data" in res.output
