@@ -13,8 +13,9 @@ from typing import Any
 # Defaults (one place).
 DEFAULT_RANK_DIVISOR = 8  # r = d / 8, the paper's default (SlimSpec section 4)
 DEFAULT_EXACT_SVD_MAX_ELEMENTS = 64 * 1024 * 1024  # larger heads use randomized SVD
+DEFAULT_EXACT_SVD_MAX_SIDE = 2048  # float64 eigh of a [m, m] Gram matrix; m = 4096 takes ~45 s on 2 cores
 DEFAULT_RANDOMIZED_OVERSAMPLE = 32
-DEFAULT_RANDOMIZED_NITER = 4
+DEFAULT_RANDOMIZED_NITER = 1  # extra block-Krylov blocks (factorize.lowrank_factorize); 1 -> <= 2 % excess
 DEFAULT_ROPE_THETA = 10000.0  # EAGLE / SpecForge drafters omit rope_theta (eagle3-formats.md P15)
 DEFAULT_RMS_NORM_EPS = 1e-5
 
@@ -183,6 +184,8 @@ class ConvertConfig:
     force: bool = False
     svd: str = "auto"  # auto | exact | randomized
     seed: int = 0
+    svd_niter: int = DEFAULT_RANDOMIZED_NITER
+    norm_output_semantics: str = "auto"  # auto | specforge | engine (eagle3-formats.md P7)
 
     def __post_init__(self) -> None:
         chosen = [n for n in ("rank", "rank_fraction", "energy") if getattr(self, n) is not None]
@@ -200,7 +203,18 @@ class ConvertConfig:
             raise ValueError(f"ConvertConfig.svd={self.svd!r}: expected auto, exact or randomized")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"ConvertConfig.dtype={self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.energy is not None and self.svd == "randomized":
+            raise ValueError("ConvertConfig: energy needs the full spectrum; use svd='exact' or 'auto'")
+        if self.svd_niter < 0:
+            raise ValueError(f"ConvertConfig.svd_niter={self.svd_niter}: expected >= 0")
+        if self.norm_output_semantics not in NORM_OUTPUT_SEMANTICS:
+            raise ValueError(
+                f"ConvertConfig.norm_output_semantics={self.norm_output_semantics!r}: "
+                f"expected one of {list(NORM_OUTPUT_SEMANTICS)}"
+            )
 
+
+NORM_OUTPUT_SEMANTICS = ("auto", "specforge", "engine")
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
