@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,15 @@ from torch import Tensor
 from . import __version__
 from .config import AUX_CONVENTION_BOUNDARY, DrafterConfig
 from .drafter import Eagle3Drafter
+from .weightfiles import CheckpointError, TensorRef, read_safetensors_header, write_safetensors  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 REPORT_NAME = "slimspec_report.json"
 SLIMSPEC_SECTION = "slimspec"
 EMBED_KEY = "embed_tokens.weight"
@@ -34,10 +40,16 @@ LM_HEAD_DOWN_KEY = "lm_head.down.weight"
 LM_HEAD_UP_KEY = "lm_head.up.weight"
 D2T_KEY = "d2t"
 T2D_KEY = "t2d"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as asked; the message names the file and the field."""
+FC_KEY = "fc.weight"
+FC_BIAS_KEY = "fc.bias"
+NORM_KEY = "norm.weight"
+INPUT_NORM_KEY = "input_norm.weight"  # norm_before_fc
+FC_NORM_PREFIX = "fc_norm."  # fc_norm.{k}.weight
+FIRST_LAYER_PREFIX = "midlayer."  # canonical first decoder layer (EAGLE / SpecForge spelling)
+EXTRA_LAYER_PREFIX = "extra_layers."  # canonical layers >= 1, as extra_layers.{i-1}.
+VLLM_D2T_KEY = "draft_id_to_target_id"
+TARGET_EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
+TARGET_HEAD_KEY = "lm_head.weight"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -93,8 +105,14 @@ def hf_config_dict(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
     if cfg.aux_layer_ids is not None:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [b - 1 for b in cfg.aux_layer_ids]}
         out["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    if cfg.fc_bias:
+        out["bias"] = True  # SGLang's name for the fc bias
+    if cfg.norm_output_postnorm:
+        out["norm_output"] = True  # engine meaning (post-norm recurrence); never SpecForge's (P7)
     if cfg.head_rank is not None:
         out["lm_head_rank"] = cfg.head_rank
+        if cfg.hidden_size % cfg.head_rank == 0:  # TorchSpec PR #185: rank = hidden_size // divisor
+            out["lm_head_rank_divisor"] = cfg.hidden_size // cfg.head_rank
     out[SLIMSPEC_SECTION] = {
         "version": __version__,
         "aux_layer_ids_convention": AUX_CONVENTION_BOUNDARY,
@@ -222,3 +240,75 @@ def build_drafter(
         state[D2T_KEY] = state[D2T_KEY].to(torch.int64)
     drafter.load_state_dict(state, strict=True)
     return drafter
+
+
+# ---- checkpoint folders (safetensors single / sharded, pytorch_model.bin) ----------------------
+
+
+def _load_bin(path: Path) -> dict[str, TensorRef]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+        raise CheckpointError(
+            f"{path}: cannot be read as a PyTorch checkpoint with weights_only=True ({e})"
+        ) from e
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path}: expected a flat state dict of tensors, got {type(obj).__name__}")
+    return {k: TensorRef(path, k, v.dtype, tuple(v.shape), value=v) for k, v in obj.items()}
+
+
+def _read_index(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{index}: invalid index file, expected a JSON object with 'weight_map' ({e})"
+        ) from e
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not (index.parent / shard).is_file():
+            raise CheckpointError(
+                f"{index}: 'weight_map' names shard {shard!r}, which is missing from the folder"
+            )
+    return [index.parent / s for s in shards]
+
+
+def open_weights(folder: str | Path) -> tuple[dict[str, TensorRef], list[Path]]:
+    """Every tensor of a checkpoint folder, without reading the data.
+
+    Looks for, in order: ``model.safetensors.index.json`` (sharded), ``model.safetensors``,
+    ``pytorch_model.bin.index.json``, ``pytorch_model.bin`` (``torch.load(weights_only=True)``,
+    memory-mapped when the file is a zip archive).
+
+    Args:
+        folder: checkpoint folder.
+
+    Returns:
+        ({key: TensorRef}, files read).
+
+    Raises:
+        CheckpointError: no weight file, a missing shard, a corrupt file, or a key in two shards.
+        FileNotFoundError: ``folder`` does not exist.
+    """
+    p = Path(folder)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such checkpoint folder")
+    if (p / SAFETENSORS_INDEX_NAME).is_file():
+        files, reader = _read_index(p / SAFETENSORS_INDEX_NAME), read_safetensors_header
+    elif (p / WEIGHTS_NAME).is_file():
+        files, reader = [p / WEIGHTS_NAME], read_safetensors_header
+    elif (p / BIN_INDEX_NAME).is_file():
+        files, reader = _read_index(p / BIN_INDEX_NAME), _load_bin
+    elif (p / BIN_NAME).is_file():
+        files, reader = [p / BIN_NAME], _load_bin
+    else:
+        raise CheckpointError(
+            f"{p}: no {WEIGHTS_NAME}, {SAFETENSORS_INDEX_NAME}, {BIN_NAME} or {BIN_INDEX_NAME} in the folder"
+        )
+    refs: dict[str, TensorRef] = {}
+    for f in files:
+        for k, ref in reader(f).items():
+            if k in refs:
+                raise CheckpointError(f"{f}: tensor '{k}' is also in {refs[k].file}; shards must not overlap")
+            refs[k] = ref
+    return refs, files
