@@ -1,5 +1,83 @@
-"""CLI commands: convert (registered on slimspec_convert.cli.app)."""
+"""CLI commands: ``inspect`` and ``convert`` (registered on slimspec_convert.cli.app)."""
 
 from __future__ import annotations
 
-from .cli import app, fail  # noqa: F401
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .cli import USER_ERRORS, app, fail
+from .config import DEFAULT_RANDOMIZED_NITER, ConvertConfig
+
+_D = ConvertConfig()
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="drafter folder (any EAGLE-3 layout)")],
+    target: Annotated[
+        str | None, typer.Option(help="target folder (only to resolve aux-layer conventions)")
+    ] = None,
+    norm_output_semantics: Annotated[
+        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+    ] = _D.norm_output_semantics,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Detect a drafter's layout and print its geometry, flags, vocabulary maps and provenance."""
+    from .convert import inspect_drafter
+
+    try:
+        report = inspect_drafter(path, target, norm_output_semantics=norm_output_semantics)
+    except USER_ERRORS as err:
+        fail(err)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())
+
+
+@app.command()
+def convert(
+    src: Annotated[Path, typer.Argument(help="source drafter folder (any EAGLE-3 layout)")],
+    out: Annotated[Path, typer.Argument(help="output folder (must not exist unless --force)")],
+    rank: Annotated[int | None, typer.Option(help="kept rank r (1 <= r <= min(V_d, d))")] = None,
+    rank_fraction: Annotated[float | None, typer.Option(help="r = round(F * d); default d/8")] = None,
+    energy: Annotated[
+        float | None, typer.Option(help="smallest r keeping this share of spectral energy")
+    ] = None,
+    target: Annotated[str | None, typer.Option(help="target folder: rows for --full-vocab")] = None,
+    full_vocab: Annotated[
+        bool, typer.Option("--full-vocab", help="trimmed head -> full-vocabulary head")
+    ] = False,
+    dtype: Annotated[
+        str | None, typer.Option(help="factor dtype: float32, bfloat16, float16 (default: source)")
+    ] = None,
+    svd: Annotated[str, typer.Option(help="auto | exact | randomized")] = _D.svd,
+    svd_niter: Annotated[
+        int, typer.Option(help="extra Krylov blocks (randomized SVD)")
+    ] = DEFAULT_RANDOMIZED_NITER,
+    norm_output_semantics: Annotated[
+        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+    ] = _D.norm_output_semantics,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Replace a drafter's lm_head by W_up @ W_down of rank r (truncated SVD) and write an HF folder."""
+    from .convert import convert as convert_checkpoint
+
+    try:
+        cfg = ConvertConfig(
+            rank=rank,
+            rank_fraction=rank_fraction,
+            energy=energy,
+            full_vocab=full_vocab,
+            target=target,
+            dtype=dtype,
+            force=force,
+            svd=svd,
+            svd_niter=svd_niter,
+            norm_output_semantics=norm_output_semantics,
+        )
+        report = convert_checkpoint(src, out, cfg)
+    except USER_ERRORS as err:
+        fail(err)
+    typer.echo(report.to_json() if json_out else report.summary())
