@@ -151,9 +151,7 @@ def main() -> None:
     print(f"child wall time  : {wall_s:.1f} s  (goal <= 30 s; includes Python start-up and imports)")
     print(f"convert seconds  : {report['seconds']:.1f} s  (inside convert(), as in slimspec_report.json)")
     cpu_s = usage.ru_utime + usage.ru_stime
-    print(
-        f"child CPU time   : {cpu_s:.1f} s user+sys (2 threads: an idle 2-core machine needs about half as wall)"
-    )
+    print(f"child CPU time   : {cpu_s:.1f} s user+sys (2 threads: an idle 2-core machine needs about half)")
     print(f"child peak RSS   : {peak:,} bytes = {peak / ckpt_bytes:.2f}x checkpoint (goal <= 2x)")
     print(f"svd              : {report['svd_method']} niter={report['svd_niter']}")
     print(

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import tempfile
 import zipfile
 from pathlib import Path
@@ -48,6 +49,16 @@ FC_NORM_PREFIX = "fc_norm."  # fc_norm.{k}.weight
 FIRST_LAYER_PREFIX = "midlayer."  # canonical first decoder layer (EAGLE / SpecForge spelling)
 EXTRA_LAYER_PREFIX = "extra_layers."  # canonical layers >= 1, as extra_layers.{i-1}.
 VLLM_D2T_KEY = "draft_id_to_target_id"
+# Layer prefixes of the published dialects (eagle3-formats.md P1, P2): midlayer.* (EAGLE, SpecForge),
+# midlayer.{i}.* (old ModelOpt), layers.{i}.* (speculators, ModelOpt), model.layers.{i}.* (vLLM).
+LAYER_KEY_RE = re.compile(r"^(?:midlayer\.(\d+)\.|midlayer\.|layers\.(\d+)\.)(.*)$")
+MIDLAYER_PREFIX = "midlayer."
+LAYERS_PREFIX = "layers."
+MODEL_PREFIX = "model."
+VLLM_FUSED = {  # vLLM fused projections -> their parts, in row order
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 TARGET_EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
 TARGET_HEAD_KEY = "lm_head.weight"
 
@@ -230,7 +241,8 @@ def build_drafter(
     for k, v in expected.items():
         if tuple(state[k].shape) != tuple(v.shape):
             raise CheckpointError(
-                f"{where}: '{k}' has shape {tuple(state[k].shape)}, expected {tuple(v.shape)} from config.json"
+                f"{where}: '{k}' has shape {tuple(state[k].shape)}, expected {tuple(v.shape)} "
+                "from config.json"
             )
     float_dtypes = {t.dtype for k, t in state.items() if t.is_floating_point() and k != EMBED_KEY}
     dtype = float_dtypes.pop() if len(float_dtypes) == 1 else torch.float32

@@ -3,17 +3,17 @@
 Five on-disk dialects (eagle3-formats.md sections 1-3 and 11), TorchSpec's low-rank variant and
 SlimSpec's own folders:
 
-=============  ============================================================  ==========================
-format         recognised by                                                 layer keys
-=============  ============================================================  ==========================
-eagle          SafeAILab EAGLE: flat config, ``LlamaForCausalLM``            ``midlayer.*``
-specforge      SpecForge / SGLang: ``LlamaForCausalLMEagle3``                ``midlayer.*``
-speculators    ``speculators_model_type: eagle3`` + transformer_layer_config  ``layers.{i}.*``
-modelopt       ``eagle_config`` with ModelOpt switches                       ``layers.{i}.*``, ``midlayer.{i}``
-vllm           vLLM's renamed keys: ``model.`` prefix, fused qkv / gate_up   ``model.layers.{i}.*``
-torchspec      ``lm_head_rank_divisor`` / ``lm_head.down.weight`` (PR #185)   ``midlayer.*``
-slimspec       a ``slimspec`` section in config.json                         canonical
-=============  ============================================================  ==========================
+===========  ==========================================================  ================================
+format       recognised by                                               layer keys
+===========  ==========================================================  ================================
+eagle        SafeAILab EAGLE: flat config, ``LlamaForCausalLM``          ``midlayer.*``
+specforge    SpecForge / SGLang: ``LlamaForCausalLMEagle3``              ``midlayer.*``
+speculators  ``speculators_model_type: eagle3``, transformer_layer_config  ``layers.{i}.*``
+modelopt     ``eagle_config`` with ModelOpt switches                     ``layers.{i}.*``, ``midlayer.{i}``
+vllm         vLLM's renamed keys: ``model.`` prefix, fused qkv / gate_up ``model.layers.{i}.*``
+torchspec    ``lm_head_rank_divisor`` / ``lm_head.down.weight`` (PR #185) ``midlayer.*``
+slimspec     a ``slimspec`` section in config.json                       canonical
+===========  ==========================================================  ================================
 
 Canonical names are :class:`~slimspec_convert.drafter.Eagle3Drafter`'s state-dict keys:
 ``midlayer.*`` for the first layer, ``extra_layers.{i-1}.*`` for layer i >= 1.
@@ -21,7 +21,6 @@ Canonical names are :class:`~slimspec_convert.drafter.Eagle3Drafter`'s state-dic
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,16 @@ from .checkpoint import (
     EMBED_KEY,
     EXTRA_LAYER_PREFIX,
     FIRST_LAYER_PREFIX,
+    LAYER_KEY_RE,
+    LAYERS_PREFIX,
     LM_HEAD_DOWN_KEY,
     LM_HEAD_KEY,
+    MIDLAYER_PREFIX,
+    MODEL_PREFIX,
     SLIMSPEC_SECTION,
     T2D_KEY,
     VLLM_D2T_KEY,
+    VLLM_FUSED,
     CheckpointError,
     TensorRef,
     open_weights,
@@ -64,11 +68,6 @@ _MODELOPT_KEYS = (
     "parallel_draft_step",
     "next_layer_regular",
 )
-_LAYER_RE = re.compile(r"^(?:midlayer\.(\d+)\.|midlayer\.|layers\.(\d+)\.)(.*)$")
-_FUSED = {  # vLLM fused projections -> their parts, in row order
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
 _HINTS = (  # unexpected key fragment -> what it means
     ("_scale", "a quantised export (eagle3-formats.md P19): dequantise it first"),
     ("parallel_draft_heads", "ModelOpt parallel draft heads (parallel_draft_step > 1) are not supported"),
@@ -100,8 +99,9 @@ def detect_format(config: dict[str, Any], keys: list[str]) -> tuple[str, list[st
         return "slimspec", [f"config.json has a '{SLIMSPEC_SECTION}' section"]
     if config.get("speculators_model_type") == "eagle3":
         return "speculators", ["config.json speculators_model_type == 'eagle3'"]
-    if any(k.startswith("model.layers.") for k in keys) or any(
-        ".qkv_proj." in k or ".gate_up_proj." in k or k == VLLM_D2T_KEY for k in stripped
+    fused = tuple(f".{name}." for name in VLLM_FUSED)
+    if any(k.startswith(MODEL_PREFIX + LAYERS_PREFIX) for k in keys) or any(
+        any(f in k for f in fused) or k == VLLM_D2T_KEY for k in stripped
     ):
         return "vllm", ["model.layers.N / fused qkv_proj, gate_up_proj / draft_id_to_target_id (vLLM names)"]
     if any(k in eagle_config for k in _MODELOPT_KEYS):
@@ -112,11 +112,12 @@ def detect_format(config: dict[str, Any], keys: list[str]) -> tuple[str, list[st
             "config lm_head_rank_divisor / lm_head.down.weight (TorchSpec PR #185 low-rank head)"
         ]
     if "eagle3" in arch.lower():
-        if any(k.startswith("layers.") for k in stripped):
+        if any(k.startswith(LAYERS_PREFIX) for k in stripped):
             return "modelopt", [f"architectures[0] == {arch!r} with layers.N keys (ModelOpt export)"]
         return "specforge", [f"architectures[0] == {arch!r} with midlayer keys"]
     has_draft_vocab = "draft_vocab_size" in config or "truncated_vocab_size" in config
-    if any(k.startswith("midlayer.") for k in stripped) and (has_draft_vocab or arch == "LlamaForCausalLM"):
+    midlayer = any(k.startswith(MIDLAYER_PREFIX) for k in stripped)
+    if midlayer and (has_draft_vocab or arch == "LlamaForCausalLM"):
         return "eagle", [f"architectures[0] == {arch!r} with midlayer keys (SafeAILab EAGLE template)"]
     raise CheckpointError(
         f"config.json: architectures={config.get('architectures')!r} and tensor names "
@@ -126,8 +127,8 @@ def detect_format(config: dict[str, Any], keys: list[str]) -> tuple[str, list[st
 
 
 def _strip_model(key: str) -> str:
-    while key.startswith("model."):  # NeMo / vLLM prefixes (eagle3-formats.md P2)
-        key = key[len("model.") :]
+    while key.startswith(MODEL_PREFIX):  # NeMo / vLLM prefixes (eagle3-formats.md P2)
+        key = key[len(MODEL_PREFIX) :]
     return key
 
 
@@ -155,22 +156,22 @@ def _map_keys(
         key = file_key if fmt == "slimspec" else _strip_model(file_key)
         if key == VLLM_D2T_KEY:
             key = D2T_KEY
-        m = _LAYER_RE.match(key) if fmt != "slimspec" else None
+        m = LAYER_KEY_RE.match(key) if fmt != "slimspec" else None
         if m is None:
             put(key, CanonicalTensor(key, ref, origin=ref.where))
             continue
         layer = int(m.group(1) or m.group(2) or 0)
         rest = m.group(3)
         module, _, param = rest.rpartition(".")
-        if module in _FUSED:
-            sizes = (q_rows, kv_rows, kv_rows) if module == "self_attn.qkv_proj" else (inter, inter)
+        if module in VLLM_FUSED:
+            sizes = (q_rows, kv_rows, kv_rows) if len(VLLM_FUSED[module]) == 3 else (inter, inter)
             if ref.shape[0] != sum(sizes):
                 raise CheckpointError(
                     f"{ref.where} has {ref.shape[0]} rows, expected {' + '.join(map(str, sizes))} from "
                     "num_attention_heads / num_key_value_heads / head_dim / intermediate_size in config.json"
                 )
             start = 0
-            for part, size in zip(_FUSED[module], sizes, strict=True):
+            for part, size in zip(VLLM_FUSED[module], sizes, strict=True):
                 ck = _canonical_layer_key(layer, f"{part}.{param}")
                 put(
                     ck,

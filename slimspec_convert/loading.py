@@ -67,6 +67,8 @@ class TargetTensors:
 
             model, _ = load_target(p)
             return cls.open(model)
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p}: target folder not found (a hub id must be downloaded first)")
         config = read_config(p)
         refs, _ = open_weights(p)
         embed_key = next((k for k in TARGET_EMBED_KEYS if k in refs), None)

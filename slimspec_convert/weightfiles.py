@@ -172,7 +172,8 @@ def read_safetensors_header(path: Path) -> dict[str, TensorRef]:
         n = int.from_bytes(f.read(8), "little")
         if n > size - 8 or n > _MAX_HEADER_BYTES:
             raise CheckpointError(
-                f"{path}: header length {n} does not fit the file size {size}; truncated or not a safetensors file"
+                f"{path}: header length {n} does not fit the file size {size}; "
+                "truncated or not a safetensors file"
             )
         raw = f.read(n)
     try:
@@ -203,8 +204,8 @@ def read_safetensors_header(path: Path) -> dict[str, TensorRef]:
             )
         if stop > data_len:
             raise CheckpointError(
-                f"{path}: tensor '{key}' needs bytes up to {stop} of the data section but the file holds only "
-                f"{data_len}; the file is truncated (re-download it)"
+                f"{path}: tensor '{key}' needs bytes up to {stop} of the data section but the file "
+                f"holds only {data_len}; the file is truncated (re-download it)"
             )
         refs[key] = TensorRef(path, key, dtype, shape, data_start + start, _source=source)
     return refs

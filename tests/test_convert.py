@@ -1,4 +1,4 @@
-"""``convert`` / ``slimspec convert`` / ``slimspec inspect``: output folder, report values, vocab maps, bad input.
+"""``convert``, ``slimspec convert`` and ``slimspec inspect``: output, report values, vocab maps, bad input.
 
 Reference values: Eckart-Young errors from ``torch.linalg.svdvals`` of the source head, and
 ``||W - W_up W_down||_F`` measured directly on the factors read back with the safetensors library.
