@@ -261,3 +261,42 @@ def test_cli_bad_checkpoint_exit_2(source, tmp_path):
         assert result.exit_code == 2
         assert "config.json: missing field 'num_attention_heads'" in result.output
     _nothing_written(tmp_path)
+
+
+@pytest.mark.integration
+def test_full_vocab_with_the_real_tied_smollm2_target(smollm2_path, tmp_path):
+    """A SmolLM2-shaped trimmed drafter (V_d 8192 of 49152) against the real target folder.
+
+    SmolLM2 ties its head to the embedding, so the added rows must be rows of
+    ``model.embed_tokens.weight`` (read with the safetensors library as the reference).
+    """
+    from slimspec_convert.config import DrafterConfig
+    from slimspec_convert.drafter import Eagle3Drafter
+    from slimspec_convert.vocab import trimmed_vocab_from_counts
+
+    torch.manual_seed(0)
+    cfg = DrafterConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        draft_vocab_size=8192,
+        aux_layer_ids=(2, 15, 27),
+    )
+    drafter = Eagle3Drafter(cfg)
+    d2t, t2d = trimmed_vocab_from_counts(torch.randint(0, 1000, (49152,)), 8192)
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)
+    src = write_layout(drafter, "specforge", tmp_path / "src")
+    rep = convert(src, tmp_path / "out", ConvertConfig(rank=576, target=str(smollm2_path), full_vocab=True))
+    assert (rep.vocab_size, rep.target_rows_added, rep.svd_method) == (49152, 40960, "exact")
+    out = _tensors(tmp_path / "out")
+    head = out["lm_head.up.weight"] @ out["lm_head.down.weight"]  # full rank: the assembled head
+    with safe_open(str(smollm2_path / "model.safetensors"), framework="pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight").float()
+    assert torch.allclose(head[~t2d], embed[~t2d], atol=1e-5)
+    assert torch.allclose(head[draft_to_target_ids(d2t)], drafter.lm_head.weight, atol=1e-5)
+    loaded, report = load_drafter(tmp_path / "out", smollm2_path)
+    assert report.borrowed == ["embed_tokens.weight"] and loaded.config.draft_vocab_size == 49152
+    assert torch.equal(loaded.embed_tokens.weight, embed)
