@@ -20,15 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 from torch import Tensor
 
+from .batchstate import DecodeState, keep_accepted, pad_left, verify_attention_mask
 from .config import DraftConfig, SamplingConfig
 from .drafter import DraftKVCache, Eagle3Drafter
 from .drafting import DrafterRunner, StageTimes, block_mask
 from .prompts import chat_template_id, render_chat
+from .results import GenerationResult, GenerationStats
 from .speculative import (
     RoundOutcome,
     draw_uniforms,
@@ -44,139 +46,13 @@ from .speculative import (
 from .target import (
     cache_length,
     check_aux_layers,
-    keep_cache_slots,
     new_target_cache,
     num_target_layers,
-    select_cache_rows,
     target_forward,
     target_mask_windows,
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationStats:
-    """Per-prompt statistics. Times are totals in ms; with batch > 1 they are the batch's, up to
-    the round in which this row finished.
-
-    Attributes:
-        tau: mean tokens committed per verification round (accepted drafts + 1 bonus; the token
-            from the prefill forward is not a round), None when there was no round.
-        new_tokens: generated tokens (prefill token included).
-        cycles: verification rounds (target forwards after the prefill).
-        committed_per_cycle: tokens committed by each round (after stop / budget truncation).
-    """
-
-    tau: float | None
-    new_tokens: int
-    cycles: int
-    tokens_per_s: float
-    wall_ms: float
-    target_ms: float
-    drafter_backbone_ms: float
-    drafter_head_ms: float
-    overhead_ms: float
-    committed_per_cycle: list[int]
-    draft: dict
-    sampling: dict
-    batch_size: int
-    chat_template: str | None
-    system_prompt: str | None
-
-
-@dataclass
-class GenerationResult:
-    """One prompt's output.
-
-    Attributes:
-        prompt: the user text (None when token ids were given).
-        prompt_text: the exact text fed to the tokenizer (after the chat template), or None.
-        prompt_ids: token ids of the prompt.
-        output_ids: new token ids only (a final stop token included, as plain decoding does).
-        text: decoded ``output_ids`` (special tokens skipped), None without a tokenizer.
-        stats: :class:`GenerationStats`.
-    """
-
-    prompt: str | None
-    prompt_text: str | None
-    prompt_ids: list[int]
-    output_ids: list[int]
-    text: str | None
-    stats: GenerationStats
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict: prompt, output_ids, text, stats, prompt_text."""
-        return {
-            "prompt": self.prompt,
-            "output_ids": self.output_ids,
-            "text": self.text,
-            "stats": asdict(self.stats),
-            "prompt_text": self.prompt_text,
-        }
-
-
-@dataclass
-class DecodeState:
-    """Mutable state of one batch (rows index the batch's prompts; tensors cover active rows)."""
-
-    rows: list[int]
-    target_cache: object
-    draft_cache: DraftKVCache | None
-    valid: Tensor | None  # [B, S] bool, None = every slot real
-    slot_pos: Tensor | None  # [B, S] int64 positions, kept only for windowed targets
-    root_pos: Tensor  # [B] int64 position of the last committed token
-    root_tok: Tensor  # [B] int64 last committed token
-    h_last: Tensor | None  # [B, d] drafter output at the last real slot
-    generators: list[torch.Generator]
-    outputs: list[list[int]]
-    committed: list[list[int]] = field(default_factory=list)
-    finish_times: list[StageTimes | None] = field(default_factory=list)
-    finish_wall: list[float] = field(default_factory=list)
-    times: StageTimes = field(default_factory=StageTimes)
-    t_start: float = 0.0
-
-
-def verify_attention_mask(
-    valid: Tensor,
-    ancestors: Tensor | None,
-    qpos: Tensor,
-    slot_pos: Tensor | None,
-    windows: dict[str, int | None],
-    dtype: torch.dtype,
-):
-    """Additive 4-D attention mask for verifying T new tokens after S cached slots.
-
-    transformers (5.x ``masking_utils._preprocess_mask_arguments``) passes a 4-D ``attention_mask``
-    through unchanged; with explicit ``position_ids`` this gives tree attention. The mask is
-    additive (0 = attend, dtype min = masked) so eager and SDPA attention both accept it; every
-    query sees at least itself, so no row is fully masked.
-
-    Args:
-        valid: [B, S] bool, True for real cached slots (False for padding and holes).
-        ancestors: [B, T, T] bool tree mask (query i may see new token j), None = causal chain.
-        qpos: [B, T] int64 positions of the new tokens.
-        slot_pos: [B, S] int64 positions of the cached slots (needed only with a window).
-        windows: ``{layer_type: sliding window or None}`` (:func:`target.target_mask_windows`).
-        dtype: the target's dtype.
-
-    Returns:
-        [B, 1, T, S + T] tensor, or ``{layer_type: tensor}`` when the target mixes layer types.
-    """
-    B, T = qpos.shape
-    S = valid.shape[1]
-    if ancestors is None:
-        ancestors = torch.ones(T, T, dtype=torch.bool, device=qpos.device).tril().expand(B, T, T)
-    allowed = torch.cat([valid[:, None, :].expand(B, T, S), ancestors], dim=-1)  # [B, T, S+T]
-    masks = {}
-    for layer_type, window in windows.items():
-        m = allowed
-        if window is not None:
-            kpos = torch.cat([slot_pos, qpos], dim=1)  # [B, S+T]
-            m = m & (kpos[:, None, :] > qpos[:, :, None] - window)  # HF sliding_window_overlay
-        additive = torch.zeros(B, 1, T, S + T, dtype=dtype, device=qpos.device)
-        masks[layer_type] = additive.masked_fill_(~m[:, None], torch.finfo(dtype).min)
-    return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
 class SpeculativeGenerator:
@@ -347,36 +223,11 @@ class SpeculativeGenerator:
         Raises:
             ValueError: an empty prompt.
         """
-        B = len(prompt_ids)
-        lengths = [len(p) for p in prompt_ids]
-        if min(lengths) == 0:
-            raise ValueError("empty prompt: need at least one token")
-        P = max(lengths)
-        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros(B, P, dtype=torch.long)
-        for b, p in enumerate(prompt_ids):
-            ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[b, P - len(p) :] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids, attn, lengths = pad_left(prompt_ids, self.pad_id, self.device)
+        B, P = ids.shape
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         padded = min(lengths) != P
-        gens = [torch.Generator().manual_seed(self.sampling.seed) for _ in range(B)]
-        st = DecodeState(
-            rows=list(range(B)),
-            target_cache=new_target_cache(),
-            draft_cache=None,
-            valid=attn.bool() if padded else None,
-            slot_pos=pos if self._windowed() else None,
-            root_pos=torch.tensor(lengths, device=self.device),
-            root_tok=ids[:, -1].clone(),
-            h_last=None,
-            generators=gens,
-            outputs=[[] for _ in range(B)],
-            committed=[[] for _ in range(B)],
-            finish_times=[None] * B,
-            finish_wall=[0.0] * B,
-            t_start=time.perf_counter(),
-        )
+        st = self._new_state(lengths, attn.bool() if padded else None, pos)
         if self.drafter is not None:
             self.runner.times = st.times
         out = self._target(
@@ -387,20 +238,42 @@ class SpeculativeGenerator:
             first = last.argmax(-1)
         else:
             probs = process_logits(last, self.sampling.temperature, self.sampling.top_p)
-            first = sample_from_probs(probs, draw_uniforms(gens, 1).to(self.device)[:, 0])
+            first = sample_from_probs(probs, draw_uniforms(st.generators, 1).to(self.device)[:, 0])
         st.root_tok = first
-        finished = [self._commit(st, b, [int(t)], record=False)[1] for b, t in enumerate(first.tolist())]
+        max_new = self.sampling.max_new_tokens
+        finished = [
+            st.commit(b, [t], self.stop_ids, max_new, record=False) for b, t in enumerate(first.tolist())
+        ]
         keep = [b for b in range(B) if not finished[b]]
         aux, tokens = out.aux_hidden, torch.cat([ids[:, 1:], first[:, None]], dim=1)
         if len(keep) < B:
             sel = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self._select(st, sel)
+            st.select(sel)
             aux, tokens, pos, attn = aux[sel], tokens[sel], pos[sel], attn[sel]
         if self.drafter is not None and st.rows:
             st.draft_cache = DraftKVCache()
             mask = block_mask(None, attn.bool() if padded else None, len(st.rows), P, 0, self.device)
             st.h_last = self.runner.real_forward(st.draft_cache, aux, tokens, pos, mask)
         return st
+
+    def _new_state(self, lengths: list[int], valid: Tensor | None, pos: Tensor) -> DecodeState:
+        B = len(lengths)
+        return DecodeState(
+            rows=list(range(B)),
+            target_cache=new_target_cache(),
+            draft_cache=None,
+            valid=valid,
+            slot_pos=pos if self._windowed() else None,
+            root_pos=torch.tensor(lengths, device=self.device),
+            root_tok=torch.zeros(B, dtype=torch.long, device=self.device),
+            h_last=None,
+            generators=[torch.Generator().manual_seed(self.sampling.seed) for _ in range(B)],
+            outputs=[[] for _ in range(B)],
+            committed=[[] for _ in range(B)],
+            finish_times=[None] * B,
+            finish_wall=[0.0] * B,
+            t_start=time.perf_counter(),
+        )
 
     def _windowed(self) -> bool:
         return any(w is not None for w in self.windows.values())
@@ -454,7 +327,8 @@ class SpeculativeGenerator:
         committed = outcome.committed_tokens(nodes)
         counts = (outcome.num_accepted + 1).tolist()
         rows = committed.tolist()
-        finished = [self._commit(st, b, rows[b][: counts[b]])[1] for b in range(B)]
+        max_new = self.sampling.max_new_tokens
+        finished = [st.commit(b, rows[b][: counts[b]], self.stop_ids, max_new) for b in range(B)]
         self._advance(st, outcome, out.aux_hidden, committed, counts, finished, S, method)
         return outcome
 
@@ -482,84 +356,25 @@ class SpeculativeGenerator:
         valid = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
         return verify_attention_mask(valid, anc, qpos, st.slot_pos, self.windows, self.dtype)
 
-    # ---- commit and cache bookkeeping --------------------------------------------------------
-    def _commit(self, st: DecodeState, b: int, tokens: list[int], record: bool = True) -> tuple[int, bool]:
-        """Append a row's tokens, cut at the first stop token and at max_new_tokens."""
-        row = st.rows[b]
-        out = st.outputs[row]
-        take = tokens[: self.sampling.max_new_tokens - len(out)]
-        finished = False
-        for i, t in enumerate(take):
-            if t in self.stop_ids:
-                take, finished = take[: i + 1], True
-                break
-        out.extend(take)
-        finished = finished or len(out) >= self.sampling.max_new_tokens
-        if record:
-            st.committed[row].append(len(take))
-        if finished:
-            st.finish_times[row] = st.times.copy()
-            st.finish_wall[row] = (time.perf_counter() - st.t_start) * 1e3
-        return len(take), finished
-
-    def _select(self, st: DecodeState, sel: Tensor) -> None:
-        """Keep active rows ``sel`` ([B'] int64) in every per-row structure."""
-        idx = sel.tolist()
-        st.rows = [st.rows[i] for i in idx]
-        st.generators = [st.generators[i] for i in idx]
-        select_cache_rows(st.target_cache, sel)
-        if st.draft_cache is not None:
-            c = st.draft_cache
-            c.keys = [x[sel] if x is not None else None for x in c.keys]
-            c.values = [x[sel] if x is not None else None for x in c.values]
-        for name in ("valid", "slot_pos", "root_pos", "root_tok", "h_last"):
-            value = getattr(st, name)
-            if value is not None:
-                setattr(st, name, value[sel])
-        if st.valid is not None and bool(st.valid.all()):
-            st.valid = None
-
     def _advance(self, st, outcome, aux, committed, counts, finished, S, method) -> None:
         """Drop finished rows, keep accepted target slots, run the drafter on the committed tokens."""
         keep = [b for b in range(len(finished)) if not finished[b]]
+        if not keep:
+            st.rows = []
+            return
         if len(keep) < len(finished):
             sel = torch.tensor(keep, dtype=torch.long, device=self.device)
-            if keep:
-                self._select(st, sel)
-            else:
-                st.rows = []
-                return
+            st.select(sel)
             outcome = RoundOutcome(outcome.num_accepted[sel], outcome.path[sel], outcome.bonus[sel])
             aux, committed, counts = aux[sel], committed[sel], [counts[b] for b in keep]
-        B = len(st.rows)
-        n = torch.tensor(counts, device=self.device)
-        m = max(counts)
-        offset = m - n  # [B] left holes per row
-        col = torch.arange(m, device=self.device)[None, :]
-        src = col - offset[:, None]  # [B, m] index into the row's kept list
-        real = src >= 0
-        index = torch.where(real, outcome.path.gather(1, src.clamp(min=0)), torch.zeros_like(src))
-        uniform = min(counts) == m
-        keep_cache_slots(st.target_cache, S, None if uniform and method != "tree" else index, m)
-        block_valid = None if uniform else real
-        prefix_valid = st.valid
-        if st.valid is not None or block_valid is not None:
-            old = st.valid if st.valid is not None else torch.ones(B, S, dtype=torch.bool, device=self.device)
-            new = (
-                block_valid
-                if block_valid is not None
-                else torch.ones(B, m, dtype=torch.bool, device=self.device)
-            )
-            st.valid = torch.cat([old, new], dim=1)
-        positions = st.root_pos[:, None] + src.clamp(min=0)  # [B, m]
-        if st.slot_pos is not None:
-            st.slot_pos = torch.cat([st.slot_pos, positions], dim=1)
+        kept = keep_accepted(st, outcome.path, counts, S, copy_needed=method == "tree")
         if self.drafter is not None:
-            tokens = committed.gather(1, src.clamp(min=0))  # [B, m]: drafts then bonus
-            feats = aux.gather(1, index[:, :, None].expand(B, m, aux.shape[-1]))  # [B, m, K*dt]
-            mask = block_mask(prefix_valid, block_valid, B, m, S, self.device)
-            st.h_last = self.runner.real_forward(st.draft_cache, feats, tokens, positions, mask)
-        st.root_pos = st.root_pos + n
+            B, m = kept.index.shape
+            tokens = committed.gather(1, kept.src.clamp(min=0))  # [B, m]: drafts then bonus
+            feats = aux.gather(1, kept.index[:, :, None].expand(B, m, aux.shape[-1]))  # [B, m, K*dt]
+            mask = block_mask(kept.prefix_valid, kept.block_valid, B, m, S, self.device)
+            st.h_last = self.runner.real_forward(st.draft_cache, feats, tokens, kept.positions, mask)
+        st.root_pos = st.root_pos + kept.counts
         st.root_tok = outcome.bonus
 
     # ---- results -----------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import pytest
 import torch
 from conftest import DATA, tiny_drafter, tiny_target
 
+from slimspec_convert.batchstate import verify_attention_mask
 from slimspec_convert.config import DraftConfig, SamplingConfig
 from slimspec_convert.drafter import DraftKVCache
-from slimspec_convert.generate import SpeculativeGenerator, verify_attention_mask
+from slimspec_convert.generate import SpeculativeGenerator
 from slimspec_convert.prompts import load_prompts
 from slimspec_convert.target import new_target_cache, target_forward
 
@@ -142,6 +143,52 @@ def test_random_drafter_on_large_vocab_is_lossless_with_tau_near_one():
     assert [r.output_ids for r in res] == ref
     for r in res:
         assert 1.0 <= r.stats.tau <= 1.25
+
+
+# ---- other target families (Qwen2, Qwen3, Mistral with a sliding window, hybrid Qwen2) -------
+FAMILIES = {
+    "qwen2": ("Qwen2", {}),
+    "qwen3": ("Qwen3", {"head_dim": 8}),
+    "mistral-window6": ("Mistral", {"sliding_window": 6}),
+    "qwen2-hybrid-window6": (
+        "Qwen2",
+        {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 3},
+    ),
+}
+
+
+def tiny_family_target(kind: str, seed: int = 3, **overrides):
+    import transformers
+
+    cfg = dict(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(**cfg)).eval()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_other_families_greedy_equal_target(prompts16, family):
+    kind, overrides = FAMILIES[family]
+    model = tiny_family_target(kind, **overrides)
+    ref = [hf_greedy(model, p, 24) for p in prompts16]
+    if "sliding_window" in overrides:  # guard: the window changes the target's output
+        full = tiny_family_target(kind, **{**overrides, "sliding_window": None, "use_sliding_window": False})
+        assert [hf_greedy(full, p, 24) for p in prompts16] != ref
+    drafter = tiny_drafter(seed=0, **HEADS["dense"])
+    assert [r.output_ids for r in run(model, drafter, prompts16, TREE, batch_size=3)] == ref
+    assert [r.output_ids for r in run(model, drafter, prompts16, CHAIN, batch_size=1)] == ref
 
 
 # ---- stopping -------------------------------------------------------------------------------
@@ -382,5 +429,40 @@ def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path)
         }
         assert r["stats"]["new_tokens"] == len(r["output_ids"]) <= 6
         assert r["stats"]["drafter_head_ms"] > 0
+    # Two MT-Bench turns as one conversation, sampled (tree, top-p): turn 2 sees answer 1.
+    conv = runner.invoke(
+        app,
+        [
+            *common[:5],
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "5",
+            "--json",
+            "--threads",
+            "1",
+            "--all-turns",
+            "--drafter",
+            str(tmp_path / "drafter"),
+            "--depth",
+            "2",
+            "--top-k",
+            "2",
+            "--total-tokens",
+            "3",
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--system-prompt",
+            "Be brief.",
+        ],
+    )
+    assert conv.exit_code == 0, conv.output
+    t1, t2 = json.loads(conv.stdout)
+    assert t2["prompt"] == "Rewrite your previous response. Start every sentence with the letter A."
+    assert t1["text"] and t1["text"] in t2["prompt_text"] and t1["prompt"] in t2["prompt_text"]
+    assert t2["prompt_text"].startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert t2["stats"]["system_prompt"] == "Be brief." and 1 <= t2["stats"]["new_tokens"] <= 5
     bad = runner.invoke(app, ["generate", "--target", str(smollm2_path), "--drafter", "none"])
     assert bad.exit_code == 2 and "exactly one of --prompt TEXT or --prompts" in bad.output
