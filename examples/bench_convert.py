@@ -95,6 +95,7 @@ def exact_bound(folder: Path, rank: int) -> float:
     for i in range(0, W.shape[0], 8192):
         blk = W[i : i + 8192].float()
         gram.addmm_(blk.T, blk)
+    torch.set_num_threads(1)  # LAPACK on 2 threads stalls when other jobs share the CPU (see factorize)
     eig = torch.linalg.eigvalsh(gram.double()).flip(0).clamp_min(0)
     return float((eig[rank:].sum() / eig.sum()).sqrt())
 

@@ -155,6 +155,7 @@ def inspect_drafter(
             raise CheckpointError(f"{res.tensors[key].origin} has {bad} NaN/inf entries")
     for key in borrowed_keys(res):
         res.report.tensors[key] = "needs the target (not in the file)"
+        res.report.warnings.append(f"'{key}' is not in the file: load_drafter borrows it from the target")
     return res.report
 
 
