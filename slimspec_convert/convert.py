@@ -224,7 +224,10 @@ def convert(src: str | Path, out: str | Path, cfg: ConvertConfig) -> ConvertRepo
         if cfg.energy is not None:
             r, rule = choose_rank(spectrum(W), d, energy=cfg.energy), f"energy >= {cfg.energy}"
         else:
-            r = rank_from_rule(m, d, rank=cfg.rank, rank_fraction=cfg.rank_fraction)
+            try:
+                r = rank_from_rule(m, d, rank=cfg.rank, rank_fraction=cfg.rank_fraction)
+            except ValueError as e:
+                raise ValueError(f"{head.origin} [{W.shape[0]}, {W.shape[1]}]: {e}") from e
             rule = (
                 f"--rank {cfg.rank}"
                 if cfg.rank is not None
