@@ -14,7 +14,15 @@ from slimspec_convert.drafter import Eagle3Drafter
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _threads(request):
+    """One thread for tiny models (more only thrash a busy 2-core machine), two for the real target."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1) if request.node.get_closest_marker("integration") else 1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_target(seed: int = 0, vocab_size: int = 128, hidden_size: int = 32, num_layers: int = 6):
