@@ -20,11 +20,10 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from .checkpoint import CONFIG_NAME, EMBED_KEY, WEIGHTS_NAME, CheckpointError, load_native, save_drafter
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, save_drafter
 from .config import DTYPES, TrimConfig
 from .drafter import Eagle3Drafter
 from .head import LowRankHead
-from .target import load_target, target_embeddings
 from .vocab import draft_to_target_ids, trimmed_vocab_from_counts
 
 logger = logging.getLogger(__name__)
@@ -170,11 +169,12 @@ def load_tokenizer(target: str | Path):
 
 
 def load_drafter_with_target_embeddings(src: str | Path, target) -> Eagle3Drafter:
-    """Load a SlimSpec-native drafter; borrow ``embed_tokens`` from the target only if the file lacks it.
+    """Load a drafter in any published layout (:func:`slimspec_convert.convert.load_drafter`),
+    borrowing ``embed_tokens`` from the target when the file lacks it.
 
     Args:
         src: drafter folder.
-        target: a loaded HF target model, or its path (loaded only when the embeddings are needed).
+        target: a loaded HF target model, or its path.
 
     Returns:
         The drafter (stored dtype).
@@ -183,16 +183,11 @@ def load_drafter_with_target_embeddings(src: str | Path, target) -> Eagle3Drafte
         CheckpointError: unreadable drafter.
         FileNotFoundError: missing folders.
     """
+    from .convert import load_drafter
+
     if not Path(src).is_dir():
         raise FileNotFoundError(f"{src}: drafter folder not found")
-    try:
-        return load_native(src)
-    except CheckpointError as err:
-        if EMBED_KEY not in str(err):
-            raise
-    logger.info("%s has no %s; borrowing the target's embeddings", src, EMBED_KEY)
-    model = load_target(target)[0] if isinstance(target, str | Path) else target
-    return load_native(src, embed_from=target_embeddings(model))
+    return load_drafter(src, target=target)[0]
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""Issue 6: the main job in small (5 prompts, short fine-tune) on the real SmolLM2 target and the
+committed demo drafter: convert -> fine-tune -> bench e2e; greedy outputs lossless, SlimSpec tau
+at least 0.9x the full head's."""
+
+import pytest
+from conftest import REPO
+
+from finetune.config import FinetuneConfig
+from finetune.loop import Trainer
+from finetune.run import load_examples
+from slimspec_convert.bench_e2e import run_e2e
+from slimspec_convert.config import BenchE2EConfig, ConvertConfig
+from slimspec_convert.convert import convert, load_drafter
+from slimspec_convert.prompts import load_prompts
+from slimspec_convert.target import load_target, num_target_layers
+
+DRAFTER = REPO / "drafters" / "smollm2-135m-eagle3"
+
+
+@pytest.mark.integration
+def test_main_job_small(smollm2_path, tmp_path):
+    model, tok = load_target(smollm2_path)
+    report = convert(DRAFTER, tmp_path / "r72", ConvertConfig())
+    assert report.rank == 72  # d/8 for d = 576
+    full, _ = load_drafter(DRAFTER, target=model)
+    low, _ = load_drafter(tmp_path / "r72", target=model)
+    low = low.float()
+    cfg = FinetuneConfig(steps=6, lr=2e-3, train="head", ttt_steps=2, batch_size=4, max_length=192,
+                         eval_every=6, eval_batches=1, save_every=6, warmup_steps=1)
+    examples, _ = load_examples(tok, [REPO / "data" / "train" / "gsm8k" / "train.jsonl"], cfg)
+    trainer = Trainer(low, model, low.config.resolved_aux_layer_ids(num_target_layers(model)), examples[:200],
+                      examples[200:208], cfg, tmp_path / "ft", tok.pad_token_id)
+    result = trainer.run()
+    assert result.losses[-1] < result.losses[0]
+    tuned, _ = load_drafter(tmp_path / "ft", target=model)
+    prompts = [turns[0] for turns in load_prompts(REPO / "examples" / "demo_prompts.jsonl")][:5]
+    e2e = run_e2e(model, tok, {"full": full.float().eval(), "slimspec": tuned.float().eval()}, prompts,
+                  BenchE2EConfig(drafters=(("full", str(DRAFTER)), ("slimspec", str(tmp_path / "ft"))),
+                                 max_new_tokens=24, reference="full", warmup_tokens=0))
+    rows = {r.name: r for r in e2e.rows}
+    assert rows["full"].lossless and rows["slimspec"].lossless
+    assert rows["full"].num_mismatched_prompts == 0 and rows["slimspec"].num_mismatched_prompts == 0
+    assert rows["slimspec"].tau >= 0.9 * rows["full"].tau
