@@ -160,3 +160,45 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     two = torch.load(result_file, weights_only=True)
     assert two["losses"] == pytest.approx(losses, rel=1e-4)
     assert torch.allclose(two["fc"], one.drafter.fc.weight.detach(), atol=1e-5)
+
+
+def test_head_plus_lora_trains_adapters_and_saves_a_merged_plain_drafter(tmp_path):
+    from slimspec_convert.checkpoint import load_native
+
+    drafter = tiny_drafter(seed=4, head_rank=8)
+    q_before = drafter.midlayer.self_attn.q_proj.weight.detach().clone()
+    tr = _trainer(tmp_path, steps=3, drafter=drafter, train="head+lora", eval_every=3, lr=1e-2)
+    trainable = {n for n, p in tr.drafter.named_parameters() if p.requires_grad}
+    assert "lm_head.up.weight" in trainable and any("lora_A" in n for n in trainable)
+    assert not any(n.startswith(("fc.", "norm.", "embed_tokens.")) for n in trainable)
+    tr.run()
+    saved = load_native(tmp_path, embed_from=drafter.embed_tokens.weight)  # strict: no lora_ keys left
+    merged_q = saved.midlayer.self_attn.q_proj.weight
+    assert not torch.equal(merged_q, q_before)  # the adapter's delta was merged in
+    g = torch.Generator().manual_seed(0)
+    ids, aux = torch.randint(5, 128, (1, 5), generator=g), torch.randn(1, 5, 96, generator=g)
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        want = tr.drafter.logits(tr.drafter(ids, tr.drafter.fuse(aux), pos))
+        got = saved.logits(saved(ids, saved.fuse(aux), pos))
+    if tr.best["step"] == tr.step:  # the saved checkpoint is the final state
+        assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_teacher_drafter_distils_the_original_head(tmp_path):
+    from finetune.loop import copy_head
+    from slimspec_convert.factorize import lowrank_factorize
+    from slimspec_convert.head import LowRankHead
+
+    original = tiny_drafter(seed=5)
+    teacher = copy_head(original)
+    student = tiny_drafter(seed=5, head_rank=4)
+    fac = lowrank_factorize(original.lm_head.weight.detach(), 4)
+    student.lm_head = LowRankHead.from_factorization(fac)
+    examples = _examples(40)
+    cfg = FinetuneConfig(steps=8, lr=1e-2, train="head", teacher="drafter", ttt_steps=1, batch_size=4,
+                         max_length=96, eval_every=100, eval_batches=1, save_every=100, warmup_steps=0)
+    tr = Trainer(student, _peaky_target(), AUX, examples[0][:32], examples[0][32:], cfg, tmp_path, examples[1],
+                 teacher_head=teacher)
+    losses = [tr.train_step()[0] for _ in range(8)]
+    assert losses[-1] < 0.5 * losses[0]  # KL(original head || low-rank head) on the drafter's features
