@@ -47,7 +47,9 @@ def generate(
         int, typer.Option(help="tree: draft nodes verified per round (root excluded)")
     ] = (_D.total_tokens),
     batch_size: Annotated[int, typer.Option(help="prompts decoded together (left-padded)")] = _G.batch_size,
-    dtype: Annotated[str, typer.Option(help="target dtype: float32, bfloat16, float16")] = _G.dtype,
+    dtype: Annotated[
+        str, typer.Option(help="target and drafter dtype: float32, bfloat16, float16")
+    ] = _G.dtype,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON list, one object per prompt")
@@ -95,7 +97,7 @@ def _run(target, drafter, prompt, prompts, gcfg: GenerateConfig, dcfg: DraftConf
     module = None
     if drafter.lower() != "none":
         module, _ = load_drafter(drafter, target=model)
-        module.eval()
+        module.to(model.dtype).eval()  # one dtype for both models (--dtype)
     gen = SpeculativeGenerator(
         model,
         tokenizer,
