@@ -59,8 +59,18 @@ class FinetuneConfig:
                 f"FinetuneConfig.teacher='drafter' distils the original head and needs train='head' "
                 f"(got train={self.train!r})"
             )
-        for name in ("steps", "ttt_steps", "batch_size", "grad_accum", "max_length", "eval_every",
-                     "eval_batches", "save_every", "lora_rank", "lora_alpha"):
+        for name in (
+            "steps",
+            "ttt_steps",
+            "batch_size",
+            "grad_accum",
+            "max_length",
+            "eval_every",
+            "eval_batches",
+            "save_every",
+            "lora_rank",
+            "lora_alpha",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"FinetuneConfig.{name}={value!r}: expected an integer >= 1")

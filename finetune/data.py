@@ -27,8 +27,17 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 Message = dict[str, str]
-ROLE_MAP = {"human": "user", "user": "user", "prompter": "user", "gpt": "assistant", "assistant": "assistant",
-            "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
+ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "prompter": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+}
 
 
 class DataError(ValueError):
@@ -50,9 +59,11 @@ class DataStats:
 
     def summary(self) -> str:
         """One line of counts."""
-        return (f"{self.records} records -> {self.conversations} conversations, kept {self.kept}, "
-                f"skipped {self.skipped_no_assistant} without an assistant turn and {self.skipped_empty} empty, "
-                f"truncated {self.truncated}; {self.supervised_tokens} supervised tokens")
+        return (
+            f"{self.records} records -> {self.conversations} conversations, kept {self.kept}, "
+            f"skipped {self.skipped_no_assistant} without an assistant turn and {self.skipped_empty} empty, "
+            f"truncated {self.truncated}; {self.supervised_tokens} supervised tokens"
+        )
 
 
 def _read_records(path: Path) -> Iterator[tuple[int, object]]:
@@ -101,18 +112,22 @@ def record_to_conversations(rec: object, where: str) -> list[list[Message]]:
         raise DataError(f"{where}: record is a {type(rec).__name__}, expected an object or a string")
     if "messages" in rec:
         msgs = rec["messages"]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                 for m in msgs):
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in msgs
+        ):
             raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
         return [[{"role": ROLE_MAP.get(m["role"], m["role"]), "content": str(m["content"])} for m in msgs]]
     if "conversations" in rec:
         conv = rec["conversations"]
-        if not isinstance(conv, list) or not all(isinstance(m, dict) and "from" in m and "value" in m
-                                                 for m in conv):
+        if not isinstance(conv, list) or not all(
+            isinstance(m, dict) and "from" in m and "value" in m for m in conv
+        ):
             raise DataError(f"{where}: 'conversations' must be a list of {{from, value}} objects")
         return [[{"role": ROLE_MAP.get(m["from"], "user"), "content": str(m["value"])} for m in conv]]
     if "question" in rec and "answer" in rec:
-        return [[{"role": "user", "content": rec["question"]}, {"role": "assistant", "content": rec["answer"]}]]
+        return [
+            [{"role": "user", "content": rec["question"]}, {"role": "assistant", "content": rec["answer"]}]
+        ]
     if "instruction" in rec and "response" in rec:
         user = rec["instruction"] + (f"\n\n{rec['input']}" if rec.get("input") else "")
         return [[{"role": "user", "content": user}, {"role": "assistant", "content": rec["response"]}]]
@@ -120,7 +135,9 @@ def record_to_conversations(rec: object, where: str) -> list[list[Message]]:
         out = []
         for inst in rec["instances"]:
             user = rec["instruction"] + (f"\n\n{inst['input']}" if inst.get("input") else "")
-            out.append([{"role": "user", "content": user}, {"role": "assistant", "content": inst.get("output", "")}])
+            out.append(
+                [{"role": "user", "content": user}, {"role": "assistant", "content": inst.get("output", "")}]
+            )
         return out
     if "prompt" in rec and isinstance(rec["prompt"], dict):
         return list(_oasst_paths(rec["prompt"], []))
@@ -156,7 +173,9 @@ def has_assistant(conv: list[Message]) -> bool:
     return any(m["role"] == "assistant" for m in conv)
 
 
-def encode_conversation(tokenizer, conv: list[Message], max_length: int) -> tuple[Tensor, Tensor, bool] | None:
+def encode_conversation(
+    tokenizer, conv: list[Message], max_length: int
+) -> tuple[Tensor, Tensor, bool] | None:
     """Render with the tokenizer's chat template and mark assistant tokens.
 
     The rendered text of each prefix must be a prefix of the whole rendering (true of
@@ -179,7 +198,9 @@ def encode_conversation(tokenizer, conv: list[Message], max_length: int) -> tupl
     for i, m in enumerate(conv):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        before = (
+            tokenizer.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        )
         upto = tokenizer.apply_chat_template(conv[: i + 1], tokenize=False)
         if not full.startswith(upto) or not upto.startswith(before):
             raise DataError("chat template is not prefix-stable; cannot locate assistant tokens")
@@ -207,8 +228,9 @@ class Example:
     loss_mask: Tensor
 
 
-def build_examples(tokenizer, convs: list[list[Message]], max_length: int,
-                   stats: DataStats | None = None) -> list[Example]:
+def build_examples(
+    tokenizer, convs: list[list[Message]], max_length: int, stats: DataStats | None = None
+) -> list[Example]:
     """Encode every conversation with an assistant turn; count the rest as skipped."""
     stats = stats if stats is not None else DataStats()
     out = []
@@ -265,8 +287,15 @@ def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> l
     return idx
 
 
-def complete_prompts(model, tokenizer, convs: list[list[Message]], cache_path: Path, *,
-                     max_new_tokens: int = 256, batch_size: int = 16) -> list[list[Message]]:
+def complete_prompts(
+    model,
+    tokenizer,
+    convs: list[list[Message]],
+    cache_path: Path,
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+) -> list[list[Message]]:
     """Self-distillation: let the target answer prompt-only conversations (greedy, batched).
 
     Answers are cached in ``cache_path`` (JSONL keyed by a hash of the rendered prompt), so a
@@ -307,19 +336,27 @@ def complete_prompts(model, tokenizer, convs: list[list[Message]], cache_path: P
             with open(cache_path, "a") as f:
                 for i in tqdm(range(0, len(todo), batch_size), desc="self-distill", unit="batch"):
                     chunk = todo[i : i + batch_size]
-                    enc = tokenizer([t for _, t in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+                    enc = tokenizer(
+                        [t for _, t in chunk], return_tensors="pt", padding=True, add_special_tokens=False
+                    )
                     with torch.no_grad():
-                        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                             pad_token_id=tokenizer.pad_token_id)
-                    for (key, _), row in zip(chunk, out[:, enc["input_ids"].shape[1]:], strict=True):
+                        out = model.generate(
+                            **enc,
+                            max_new_tokens=max_new_tokens,
+                            do_sample=False,
+                            pad_token_id=tokenizer.pad_token_id,
+                        )
+                    for (key, _), row in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
                         answer = tokenizer.decode(row, skip_special_tokens=True)
                         cache[key] = answer
                         f.write(json.dumps({"key": key, "answer": answer}) + "\n")
                     f.flush()
         finally:
             tokenizer.padding_side = side
-    return [conv if has_assistant(conv) else conv + [{"role": "assistant", "content": cache[key]}]
-            for conv, key in zip(convs, keys, strict=True)]
+    return [
+        conv if has_assistant(conv) else conv + [{"role": "assistant", "content": cache[key]}]
+        for conv, key in zip(convs, keys, strict=True)
+    ]
 
 
 def token_counts(examples: list[Example], vocab_size: int) -> Tensor:

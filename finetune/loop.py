@@ -57,8 +57,20 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {k: getattr(self, k) for k in ("out_dir", "steps", "losses", "history", "before", "best",
-                                               "tokens_per_s", "seconds", "extra")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "out_dir",
+                "steps",
+                "losses",
+                "history",
+                "before",
+                "best",
+                "tokens_per_s",
+                "seconds",
+                "extra",
+            )
+        }
 
     def summary(self) -> str:
         """A short readable table of before/after held-out metrics."""
@@ -70,8 +82,10 @@ class TrainResult:
                     lines.append(f"{key}[step {s}]".ljust(26) + f"{x:8.4f}  {y:8.4f}")
             elif b is not None:
                 lines.append(key.ljust(26) + f"{b:8.4f}  {a:8.4f}")
-        lines.append(f"best step {self.best.get('step')}, {self.steps} steps, "
-                     f"{self.tokens_per_s:.0f} training tokens/s, {self.seconds:.0f} s")
+        lines.append(
+            f"best step {self.best.get('step')}, {self.steps} steps, "
+            f"{self.tokens_per_s:.0f} training tokens/s, {self.seconds:.0f} s"
+        )
         return "\n".join(lines)
 
 
@@ -107,8 +121,13 @@ def set_trainable(drafter: Eagle3Drafter, cfg: FinetuneConfig) -> nn.Module:
     if cfg.train == "head+lora":
         from peft import LoraConfig, inject_adapter_in_model
 
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=LORA_MODULES,
-                          lora_dropout=0.0, bias="none")
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            target_modules=LORA_MODULES,
+            lora_dropout=0.0,
+            bias="none",
+        )
         inject_adapter_in_model(lora, drafter)
         for n, p in drafter.named_parameters():
             p.requires_grad_("lora_" in n)
@@ -172,10 +191,19 @@ class Trainer:
         meta: extra provenance written into the saved drafter's config.
     """
 
-    def __init__(self, drafter: Eagle3Drafter, target_model, aux_layers: tuple[int, ...],
-                 train_examples: list[Example], eval_examples: list[Example], cfg: FinetuneConfig,
-                 out_dir: str | Path, pad_id: int, teacher_head: nn.Module | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        target_model,
+        aux_layers: tuple[int, ...],
+        train_examples: list[Example],
+        eval_examples: list[Example],
+        cfg: FinetuneConfig,
+        out_dir: str | Path,
+        pad_id: int,
+        teacher_head: nn.Module | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.target = target_model
         self.aux_layers = tuple(aux_layers)
@@ -209,8 +237,13 @@ class Trainer:
     # ---- one micro-batch -------------------------------------------------------------------
     def _target(self, batch: dict[str, Tensor]):
         with torch.no_grad():  # logits are computed later, only where a loss needs them
-            return target_forward(self.target, batch["input_ids"], self.aux_layers,
-                                  attention_mask=batch["attention_mask"], logits_to_keep=1)
+            return target_forward(
+                self.target,
+                batch["input_ids"],
+                self.aux_layers,
+                attention_mask=batch["attention_mask"],
+                logits_to_keep=1,
+            )
 
     def _gathered_logits(self, out, h: Tensor, valid: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """(reference, draft) logits at the supervised positions only: [N, V_t or V_d], [N, V_d].
@@ -234,8 +267,9 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float32)
         kl_sums = torch.zeros(self.cfg.ttt_steps)
         ids = None if self.cfg.teacher == "drafter" else self.draft_ids
-        for st in ttt_unroll(self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"],
-                             self.cfg.ttt_steps):
+        for st in ttt_unroll(
+            self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
+        ):
             ref, draft_logits = self._gathered_logits(out, st.hidden, st.valid, st.ref_positions_shift)
             kl = kl_terms(ref, draft_logits, ids)  # [N]
             total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
@@ -302,8 +336,13 @@ class Trainer:
         for i in range(0, len(mine), per):
             batch = collate([self.eval_examples[j] for j in mine[i : i + per]], self.pad_id)
             out = self._target(batch)
-            for st in ttt_unroll(self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"],
-                                 self.cfg.ttt_steps):
+            for st in ttt_unroll(
+                self.drafter,
+                batch["input_ids"],
+                out.aux_hidden.float(),
+                batch["loss_mask"],
+                self.cfg.ttt_steps,
+            ):
                 b, t = st.valid.nonzero(as_tuple=True)
                 ref = target_logits_at(self.target, out.final_hidden[b, t + st.ref_positions_shift])
                 draft_logits = self.drafter.logits(st.hidden[b, t])  # [N, V_d]
@@ -316,14 +355,22 @@ class Trainer:
         n = n_sum.clamp_min(1)
         acc = (acc_sum / n).tolist()
         score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
-        return {"step": self.step, "score": score, "acceptance": acc, "top1": (top_sum / n).tolist(),
-                "kl": (kl_sum / n).tolist(), "positions": int(n_sum[0].item())}
+        return {
+            "step": self.step,
+            "score": score,
+            "acceptance": acc,
+            "top1": (top_sum / n).tolist(),
+            "kl": (kl_sum / n).tolist(),
+            "positions": int(n_sum[0].item()),
+        }
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "trainable": {n: p.detach().clone() for n, p in self.drafter.named_parameters() if p.requires_grad},
+            "trainable": {
+                n: p.detach().clone() for n, p in self.drafter.named_parameters() if p.requires_grad
+            },
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "losses": list(self.losses),
@@ -352,7 +399,9 @@ class Trainer:
         with torch.no_grad():
             for n, t in state["trainable"].items():
                 if n not in params:
-                    raise ValueError(f"{path}: trainable tensor {n!r} does not exist in this drafter/--train mode")
+                    raise ValueError(
+                        f"{path}: trainable tensor {n!r} does not exist in this drafter/--train mode"
+                    )
                 params[n].copy_(t)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
@@ -408,10 +457,16 @@ class Trainer:
             bar.close()
             if log:
                 log.close()
-        result = TrainResult(out_dir=str(self.out), steps=self.step, losses=self.losses, history=self.history,
-                             before=self.before, best=self.best,
-                             tokens_per_s=tokens_total / max(train_seconds, 1e-9),
-                             seconds=time.perf_counter() - t0)
+        result = TrainResult(
+            out_dir=str(self.out),
+            steps=self.step,
+            losses=self.losses,
+            history=self.history,
+            before=self.before,
+            best=self.best,
+            tokens_per_s=tokens_total / max(train_seconds, 1e-9),
+            seconds=time.perf_counter() - t0,
+        )
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())
         return result

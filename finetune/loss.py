@@ -79,7 +79,9 @@ def expected_acceptance_terms(
     return torch.minimum(ref_p, q).sum(-1)
 
 
-def top1_agreement(ref_logits: Tensor, draft_logits: Tensor, draft_target_ids: Tensor | None = None) -> Tensor:
+def top1_agreement(
+    ref_logits: Tensor, draft_logits: Tensor, draft_target_ids: Tensor | None = None
+) -> Tensor:
     """Per-position 1.0 where the draft's argmax (as a target id) equals the reference argmax.
 
     Args:

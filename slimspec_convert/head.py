@@ -24,7 +24,9 @@ class LowRankHead(nn.Module):
         ValueError: if rank is outside [1, min(V_d, d)].
     """
 
-    def __init__(self, hidden_size: int, vocab_rows: int, rank: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, vocab_rows: int, rank: int, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         if not 1 <= rank <= min(hidden_size, vocab_rows):
             raise ValueError(f"rank r={rank} is outside [1, min(V_d={vocab_rows}, d={hidden_size})]")
@@ -68,7 +70,9 @@ class LowRankHead(nn.Module):
         return head
 
 
-def make_head(hidden_size: int, vocab_rows: int, rank: int | None, dtype: torch.dtype | None = None) -> nn.Module:
+def make_head(
+    hidden_size: int, vocab_rows: int, rank: int | None, dtype: torch.dtype | None = None
+) -> nn.Module:
     """A dense ``nn.Linear(d, V_d, bias=False)`` when rank is None, else a :class:`LowRankHead`."""
     if rank is None:
         return nn.Linear(hidden_size, vocab_rows, bias=False, dtype=dtype)

@@ -51,8 +51,9 @@ def d2t_from_target_ids(target_ids: Tensor) -> Tensor:
     return ids - torch.arange(ids.numel(), dtype=torch.int64)
 
 
-def validate_vocab_maps(d2t: Tensor | None, t2d: Tensor | None, draft_vocab_size: int, vocab_size: int,
-                        where: str = "checkpoint") -> None:
+def validate_vocab_maps(
+    d2t: Tensor | None, t2d: Tensor | None, draft_vocab_size: int, vocab_size: int, where: str = "checkpoint"
+) -> None:
     """Check the EAGLE-3 consistency rules; raise naming the broken one.
 
     Rules: ``len(d2t) == V_d``; every target id in [0, V_t); no target id hit twice;
@@ -76,7 +77,9 @@ def validate_vocab_maps(d2t: Tensor | None, t2d: Tensor | None, draft_vocab_size
                 "Add the d2t offsets (e.g. with `slimspec trim`)."
             )
         if t2d is not None and int(t2d.sum()) != vocab_size:
-            raise VocabMapError(f"{where}: 't2d' marks {int(t2d.sum())} ids but there is no d2t and V_d == V_t")
+            raise VocabMapError(
+                f"{where}: 't2d' marks {int(t2d.sum())} ids but there is no d2t and V_d == V_t"
+            )
         return
     if d2t.dim() != 1 or d2t.numel() != draft_vocab_size:
         raise VocabMapError(
@@ -97,13 +100,13 @@ def validate_vocab_maps(d2t: Tensor | None, t2d: Tensor | None, draft_vocab_size
         )
     if t2d is not None:
         if t2d.dim() != 1 or t2d.numel() != vocab_size:
-            raise VocabMapError(f"{where}: 't2d' has shape {tuple(t2d.shape)}, expected [vocab_size={vocab_size}]")
+            raise VocabMapError(
+                f"{where}: 't2d' has shape {tuple(t2d.shape)}, expected [vocab_size={vocab_size}]"
+            )
         if t2d.dtype != torch.bool:
             raise VocabMapError(f"{where}: 't2d' has dtype {t2d.dtype}, expected bool")
         if int(t2d.sum()) != draft_vocab_size:
-            raise VocabMapError(
-                f"{where}: t2d.sum()={int(t2d.sum())} != draft_vocab_size={draft_vocab_size}"
-            )
+            raise VocabMapError(f"{where}: t2d.sum()={int(t2d.sum())} != draft_vocab_size={draft_vocab_size}")
         if not torch.equal(torch.nonzero(t2d).flatten(), uniq):
             raise VocabMapError(f"{where}: 't2d' and 'd2t' disagree on which target ids are drafted")
 

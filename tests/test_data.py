@@ -34,19 +34,30 @@ def test_every_shipped_training_file_parses():
 
 def test_formats_normalise_to_messages():
     assert record_to_conversations({"question": "q", "answer": "a"}, "x:1") == [
-        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    ]
     sg = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     assert record_to_conversations(sg, "x:1")[0][1] == {"role": "assistant", "content": "yo"}
-    tree = {"prompt": {"role": "prompter", "text": "p", "replies": [
-        {"role": "assistant", "text": "a1", "replies": []}, {"role": "assistant", "text": "a2", "replies": []}]}}
+    tree = {
+        "prompt": {
+            "role": "prompter",
+            "text": "p",
+            "replies": [
+                {"role": "assistant", "text": "a1", "replies": []},
+                {"role": "assistant", "text": "a2", "replies": []},
+            ],
+        }
+    }
     assert [c[-1]["content"] for c in record_to_conversations(tree, "x:1")] == ["a1", "a2"]
     with pytest.raises(DataError, match="x:3: unknown record format"):
         record_to_conversations({"foo": 1}, "x:3")
 
 
 def test_assistant_mask_covers_only_the_answer(tok):
-    conv = [{"role": "user", "content": "How many apples are there?"},
-            {"role": "assistant", "content": "There are 5 apples."}]
+    conv = [
+        {"role": "user", "content": "How many apples are there?"},
+        {"role": "assistant", "content": "There are 5 apples."},
+    ]
     (ex,) = build_examples(tok, [conv], 100)
     toks = tok.convert_ids_to_tokens(ex.input_ids[ex.loss_mask].tolist())
     assert toks == ["There", "are", "5", "<unk>", ".", "<|im_end|>"]
@@ -65,8 +76,10 @@ def test_bad_data_errors_name_file_and_line(tmp_path, tok):
 
 def test_no_assistant_and_too_long_are_counted(tok):
     stats = DataStats()
-    convs = [[{"role": "user", "content": "only a prompt"}],
-             [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a " * 50}]]
+    convs = [
+        [{"role": "user", "content": "only a prompt"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a " * 50}],
+    ]
     examples = build_examples(tok, convs, 20, stats)
     assert (stats.skipped_no_assistant, stats.truncated, stats.kept) == (1, 1, 1)
     assert examples[0].input_ids.numel() == 20

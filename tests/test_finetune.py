@@ -35,9 +35,11 @@ def _peaky_target():
 
 def test_ttt_mask_is_causal_then_diagonal():
     m = ttt_attention_mask(3, 2)[0, 0].int()
-    assert m.tolist() == [[1, 0, 0, 1, 0, 0, 1, 0, 0],
-                          [1, 1, 0, 0, 1, 0, 0, 1, 0],
-                          [1, 1, 1, 0, 0, 1, 0, 0, 1]]
+    assert m.tolist() == [
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ]
 
 
 def test_ttt_step_equals_sequential_chain_drafting():
@@ -74,11 +76,30 @@ def test_kl_target_at_p_is_target_distribution_for_token_p_plus_1():
 
 def _trainer(tmp_path, steps=30, drafter=None, world_examples=None, **kw):
     examples, pad = world_examples or _examples(40)
-    cfg = FinetuneConfig(steps=steps, lr=kw.pop("lr", 3e-3), train=kw.pop("train", "all"), ttt_steps=2,
-                         batch_size=kw.pop("batch_size", 4), max_length=96, eval_every=kw.pop("eval_every", 1000),
-                         eval_batches=2, save_every=kw.pop("save_every", 1000), warmup_steps=2, seed=0, **kw)
-    return Trainer(drafter or tiny_drafter(seed=3), _peaky_target(), AUX, examples[:32], examples[32:], cfg,
-                   tmp_path, pad)
+    cfg = FinetuneConfig(
+        steps=steps,
+        lr=kw.pop("lr", 3e-3),
+        train=kw.pop("train", "all"),
+        ttt_steps=2,
+        batch_size=kw.pop("batch_size", 4),
+        max_length=96,
+        eval_every=kw.pop("eval_every", 1000),
+        eval_batches=2,
+        save_every=kw.pop("save_every", 1000),
+        warmup_steps=2,
+        seed=0,
+        **kw,
+    )
+    return Trainer(
+        drafter or tiny_drafter(seed=3),
+        _peaky_target(),
+        AUX,
+        examples[:32],
+        examples[32:],
+        cfg,
+        tmp_path,
+        pad,
+    )
 
 
 def test_training_lowers_kl_and_raises_heldout_acceptance(tmp_path):
@@ -156,7 +177,9 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     losses = [one.train_step()[0] for _ in range(3)]
     result_file = tmp_path / "ddp.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "two"), str(result_file)), nprocs=2)
+    mp.spawn(
+        _ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path / "two"), str(result_file)), nprocs=2
+    )
     two = torch.load(result_file, weights_only=True)
     assert two["losses"] == pytest.approx(losses, rel=1e-4)
     assert torch.allclose(two["fc"], one.drafter.fc.weight.detach(), atol=1e-5)
@@ -196,9 +219,29 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     fac = lowrank_factorize(original.lm_head.weight.detach(), 4)
     student.lm_head = LowRankHead.from_factorization(fac)
     examples = _examples(40)
-    cfg = FinetuneConfig(steps=8, lr=1e-2, train="head", teacher="drafter", ttt_steps=1, batch_size=4,
-                         max_length=96, eval_every=100, eval_batches=1, save_every=100, warmup_steps=0)
-    tr = Trainer(student, _peaky_target(), AUX, examples[0][:32], examples[0][32:], cfg, tmp_path, examples[1],
-                 teacher_head=teacher)
+    cfg = FinetuneConfig(
+        steps=8,
+        lr=1e-2,
+        train="head",
+        teacher="drafter",
+        ttt_steps=1,
+        batch_size=4,
+        max_length=96,
+        eval_every=100,
+        eval_batches=1,
+        save_every=100,
+        warmup_steps=0,
+    )
+    tr = Trainer(
+        student,
+        _peaky_target(),
+        AUX,
+        examples[0][:32],
+        examples[0][32:],
+        cfg,
+        tmp_path,
+        examples[1],
+        teacher_head=teacher,
+    )
     losses = [tr.train_step()[0] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]  # KL(original head || low-rank head) on the drafter's features

@@ -34,7 +34,9 @@ def test_expected_acceptance_is_sum_of_minimums():
     assert expected_acceptance_terms(ref, draft).item() == pytest.approx(0.2 + 0.3 + 0.1, abs=1e-6)
     # trimmed: draft mass on target ids 0 and 1 only
     trimmed = torch.tensor([0.5, 0.5]).log()
-    assert expected_acceptance_terms(ref, trimmed, torch.tensor([0, 1])).item() == pytest.approx(0.8, abs=1e-6)
+    assert expected_acceptance_terms(ref, trimmed, torch.tensor([0, 1])).item() == pytest.approx(
+        0.8, abs=1e-6
+    )
 
 
 def test_top1_agreement_maps_draft_rows_to_target_ids():
