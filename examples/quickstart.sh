@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 OUT=${1:-runs/quickstart}
-FT_STEPS=${FT_STEPS:-30}
+FT_STEPS=${FT_STEPS:-100}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 MAX_PROMPTS=${MAX_PROMPTS:-10}
 DRAFTER=drafters/smollm2-135m-eagle3
