@@ -81,7 +81,7 @@ def test_main_job_is_lossless_and_finetune_lowers_kl(main_job):
 @pytest.mark.xfail(
     strict=False,
     reason="issue 6 open: the demo drafter is under-trained and 6 fine-tune steps "
-    "do not recover the r=72 head; measured SlimSpec/full tau 0.82 in the full main job",
+    "do not recover the r=72 head; the full main job (100 steps) measured SlimSpec/full tau 0.90",
 )
 def test_main_job_slimspec_tau_at_least_0_9_of_full(main_job):
     rows, _ = main_job
