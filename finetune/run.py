@@ -81,8 +81,8 @@ def new_drafter_for_target(
 
     Initialisation: embeddings and lm_head from the target (rows ``d2t`` + arange when trimmed);
     ``fc`` picks the highest aux state (``[0 | 0 | I]``), so before any training the drafter is a
-    logit lens on layer ``L-3`` (final norm copied from the target); the decoder layer is random (std 0.02) with its output
-    projections zeroed, so it starts as the identity on the residual stream.
+    logit lens on layer ``L-3`` (final norm copied from the target); the decoder layer is random
+    (std 0.02) with its output projections zeroed, so it starts as the identity on the residual stream.
 
     Args:
         target_model: HF causal LM (Llama-family geometry).
@@ -179,19 +179,8 @@ def train_drafter(
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     counts = token_counts(train_ex, int(model.config.vocab_size)) if draft_vocab_size else None
     drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed)
-    aux = drafter.config.resolved_aux_layer_ids(num_target_layers(model))
-    trainer = Trainer(
-        drafter,
-        model,
-        aux,
-        train_ex,
-        eval_ex,
-        cfg,
-        out,
-        tok.pad_token_id,
-        meta=_meta("train-drafter", str(target), data, cfg, stats),
-    )
-    return trainer.run(resume=resume)
+    meta = _meta("train-drafter", str(target), data, cfg, stats)
+    return _run(drafter, model, tok, train_ex, eval_ex, cfg, out, resume=resume, meta=meta)
 
 
 def _train_eval(tok, examples, eval_data, cfg):
@@ -251,6 +240,14 @@ def finetune(
         tok, data, cfg, target_model=model, self_distill=self_distill, cache_dir=out
     )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
+    meta = _meta("finetune", str(target), data, cfg, stats)
+    return _run(
+        drafter, model, tok, train_ex, eval_ex, cfg, out, resume=resume, meta=meta, teacher_head=teacher_head
+    )
+
+
+def _run(drafter, model, tok, train_ex, eval_ex, cfg, out, *, resume, meta, teacher_head=None) -> TrainResult:
+    """Check the drafter's aux layers against the target, build the Trainer and run it."""
     aux = drafter.config.resolved_aux_layer_ids(num_target_layers(model))
     check_aux_layers(aux, num_target_layers(model))
     trainer = Trainer(
@@ -263,6 +260,6 @@ def finetune(
         out,
         tok.pad_token_id,
         teacher_head=teacher_head,
-        meta=_meta("finetune", str(target), data, cfg, stats),
+        meta=meta,
     )
     return trainer.run(resume=resume)
