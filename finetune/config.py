@@ -13,6 +13,11 @@ TEACHER_CHOICES = ("target", "drafter")
 DEFAULT_TTT_STEPS = 7
 DEFAULT_TTT_DECAY = 0.8
 
+# slimspec convert --calibration-data (finetune/calibrate.py)
+DEFAULT_CALIBRATION_SAMPLES = 64
+DEFAULT_CALIBRATION_TTT_STEPS = 3
+DEFAULT_CALIBRATION_MAX_LENGTH = 256
+
 
 @dataclass(frozen=True)
 class FinetuneConfig:

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from finetune.config import DEFAULT_CALIBRATION_SAMPLES
+
 from .cli import USER_ERRORS, app, fail
 from .config import DEFAULT_RANDOMIZED_NITER, ConvertConfig
 
@@ -58,13 +60,42 @@ def convert(
     norm_output_semantics: Annotated[
         str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
     ] = _D.norm_output_semantics,
+    calibration_data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="training-format file(s): fit the factors to the drafter's real hidden states "
+            "(minimise the expected logit error; needs --target; repeatable)"
+        ),
+    ] = None,
+    calibration_samples: Annotated[
+        int, typer.Option(help="conversations drawn from --calibration-data")
+    ] = DEFAULT_CALIBRATION_SAMPLES,
+    calibration_damp: Annotated[
+        float, typer.Option(help="damping of the calibration moment, relative to its mean eigenvalue")
+    ] = _D.calibration_damp,
     force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Replace a drafter's lm_head by W_up @ W_down of rank r (truncated SVD) and write an HF folder."""
+    """Replace a drafter's lm_head by W_up @ W_down of rank r (truncated SVD) and write an HF folder.
+
+    With --calibration-data the factors are the truncated SVD of W C^(1/2) mapped back, where C is
+    the second moment of the drafter's lm_head input on that data: the rank-r head with the
+    smallest expected logit error, usually a much better start for the recovery fine-tune.
+    """
     from .convert import convert as convert_checkpoint
 
     try:
+        if out.exists() and not force:  # before the (slow) calibration pass
+            raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+        calibration = None
+        if calibration_data:
+            if not target:
+                raise ValueError("--calibration-data needs --target (the aux hidden states come from it)")
+            from finetune.calibrate import calibrate_from_files
+
+            calibration = calibrate_from_files(
+                src, target, list(calibration_data), samples=calibration_samples
+            )
         cfg = ConvertConfig(
             rank=rank,
             rank_fraction=rank_fraction,
@@ -76,8 +107,9 @@ def convert(
             svd=svd,
             svd_niter=svd_niter,
             norm_output_semantics=norm_output_semantics,
+            calibration_damp=calibration_damp,
         )
-        report = convert_checkpoint(src, out, cfg)
+        report = convert_checkpoint(src, out, cfg, calibration=calibration)
     except USER_ERRORS as err:
         fail(err)
     typer.echo(report.to_json() if json_out else report.summary())

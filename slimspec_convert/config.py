@@ -16,6 +16,7 @@ DEFAULT_EXACT_SVD_MAX_ELEMENTS = 64 * 1024 * 1024  # larger heads use randomized
 DEFAULT_EXACT_SVD_MAX_SIDE = 2048  # float64 eigh of a [m, m] Gram matrix; m = 4096 takes ~45 s on 2 cores
 DEFAULT_RANDOMIZED_OVERSAMPLE = 32
 DEFAULT_RANDOMIZED_NITER = 1  # extra block-Krylov blocks (factorize.lowrank_factorize); 1 -> <= 2 % excess
+DEFAULT_CALIBRATION_DAMP = 0.01  # calibrated_factorize: lambda = damp * mean eigenvalue of E[h h^T]
 DEFAULT_ROPE_THETA = 10000.0  # EAGLE / SpecForge drafters omit rope_theta (eagle3-formats.md P15)
 DEFAULT_RMS_NORM_EPS = 1e-5
 
@@ -108,7 +109,8 @@ class DrafterConfig:
             )
         if self.norm_before_fc and self.fc_norm:
             raise ValueError("DrafterConfig: norm_before_fc and fc_norm are mutually exclusive")
-        if self.head_rank is not None and not 1 <= self.head_rank <= min(self.draft_vocab_size, self.hidden_size):
+        max_rank = min(self.draft_vocab_size, self.hidden_size)
+        if self.head_rank is not None and not 1 <= self.head_rank <= max_rank:
             raise ValueError(
                 f"DrafterConfig.head_rank={self.head_rank}: expected 1 <= r <= "
                 f"min(draft_vocab_size={self.draft_vocab_size}, hidden_size={self.hidden_size})"
@@ -118,7 +120,8 @@ class DrafterConfig:
             if len(self.aux_layer_ids) != self.num_aux_hidden_states:
                 raise ValueError(
                     f"DrafterConfig.aux_layer_ids={list(self.aux_layer_ids)} has "
-                    f"{len(self.aux_layer_ids)} ids, expected num_aux_hidden_states={self.num_aux_hidden_states}"
+                    f"{len(self.aux_layer_ids)} ids, expected "
+                    f"num_aux_hidden_states={self.num_aux_hidden_states}"
                 )
 
     @property
@@ -186,6 +189,7 @@ class ConvertConfig:
     seed: int = 0
     svd_niter: int = DEFAULT_RANDOMIZED_NITER
     norm_output_semantics: str = "auto"  # auto | specforge | engine (eagle3-formats.md P7)
+    calibration_damp: float = DEFAULT_CALIBRATION_DAMP
 
     def __post_init__(self) -> None:
         chosen = [n for n in ("rank", "rank_fraction", "energy") if getattr(self, n) is not None]
@@ -205,6 +209,8 @@ class ConvertConfig:
             raise ValueError(f"ConvertConfig.dtype={self.dtype!r}: expected one of {sorted(DTYPES)}")
         if self.energy is not None and self.svd == "randomized":
             raise ValueError("ConvertConfig: energy needs the full spectrum; use svd='exact' or 'auto'")
+        if not self.calibration_damp > 0:
+            raise ValueError(f"ConvertConfig.calibration_damp={self.calibration_damp}: expected > 0")
         if self.svd_niter < 0:
             raise ValueError(f"ConvertConfig.svd_niter={self.svd_niter}: expected >= 0")
         if self.norm_output_semantics not in NORM_OUTPUT_SEMANTICS:
@@ -216,8 +222,14 @@ class ConvertConfig:
 
 NORM_OUTPUT_SEMANTICS = ("auto", "specforge", "engine")
 
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
 @dataclass(frozen=True)
@@ -429,8 +441,10 @@ class BenchE2EConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"BenchE2EConfig.drafters: duplicate names in {names}")
         if E2E_PLAIN_NAME in names:
-            raise ValueError(f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
-                             "(always run); pick another name")
+            raise ValueError(
+                f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
+                "(always run); pick another name"
+            )
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
         for name in ("max_new_tokens", "batch_size", "max_prompts"):

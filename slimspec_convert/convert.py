@@ -42,7 +42,9 @@ from .checkpoint import (
 from .config import DTYPES, ConvertConfig
 from .dialects import expected_shapes, resolve_checkpoint
 from .factorize import (
+    HeadCalibration,
     NonFiniteError,
+    calibrated_factorize,
     choose_method,
     choose_rank,
     head_params,
@@ -75,7 +77,10 @@ class ConvertReport:
             W is the assembled full-vocabulary head when full_vocab).
         energy_retained: sum_{i<r} s_i^2 / ||W||_F^2.
         seconds: wall time of the conversion.
-        svd_method: "exact" or "randomized" (svd_niter extra Krylov blocks).
+        svd_method: "exact", "randomized" (svd_niter extra Krylov blocks) or "calibrated".
+        calibration: with calibration data: rows, source, damp and the expected logit error
+            ``logit_relative_error`` of the factors next to ``svd_logit_relative_error`` of the
+            plain truncated SVD (both under the damped calibration moment).
         factor_dtype / source_dtype: storage dtypes.
         full_vocab: rows added from the target (target_rows_added) to a trimmed head.
         vocab_maps: what happened to d2t / t2d.
@@ -105,6 +110,7 @@ class ConvertReport:
     target_rows_added: int
     vocab_maps: str
     head_vs_target: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     version: str = __version__
 
@@ -135,6 +141,18 @@ class ConvertReport:
             ("relative_error", f"{self.relative_error:.6f}  (||W - W_up W_down||_F / ||W||_F)"),
             ("energy_retained", f"{self.energy_retained:.6f}"),
             ("svd", self.svd_method + (f" (niter={self.svd_niter})" if self.svd_niter is not None else "")),
+        ]
+        if self.calibration:
+            c = self.calibration
+            rows.append(
+                (
+                    "logit error",
+                    f"{c['logit_relative_error']:.4f} calibrated vs "
+                    f"{c['svd_logit_relative_error']:.4f} plain SVD "
+                    f"(sqrt E||(W - W_up W_down) h||^2 / E||W h||^2, {c['rows']} hidden states)",
+                )
+            )
+        rows += [
             ("dtype source / factors", f"{self.source_dtype} / {self.factor_dtype}"),
             ("full_vocab", f"{self.full_vocab} (+{self.target_rows_added} target rows)"),
             ("d2t / t2d", self.vocab_maps),
@@ -148,7 +166,9 @@ class ConvertReport:
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def convert(src: str | Path, out: str | Path, cfg: ConvertConfig) -> ConvertReport:
+def convert(
+    src: str | Path, out: str | Path, cfg: ConvertConfig, *, calibration: HeadCalibration | None = None
+) -> ConvertReport:
     """Convert a drafter's dense lm_head into a low-rank one and write an HF-style folder.
 
     Output: ``OUT/config.json`` (flat ``LlamaForCausalLMEagle3`` config with ``lm_head_rank`` and a
@@ -175,6 +195,11 @@ def convert(src: str | Path, out: str | Path, cfg: ConvertConfig) -> ConvertRepo
         src: source drafter folder (any supported layout).
         out: destination folder; must not exist unless ``cfg.force``.
         cfg: :class:`~slimspec_convert.config.ConvertConfig` (rank rule, target, dtype, SVD method).
+        calibration: the lm_head input's second moment on real data
+            (:func:`finetune.calibrate.calibrate_from_files`); when given, the factors minimise the
+            expected logit error instead of the weight error
+            (:func:`~slimspec_convert.factorize.calibrated_factorize`, damping ``cfg.calibration_damp``);
+            the rank rule still reads the plain spectrum of W.
 
     Returns:
         :class:`ConvertReport`.
@@ -235,14 +260,19 @@ def convert(src: str | Path, out: str | Path, cfg: ConvertConfig) -> ConvertRepo
                 if cfg.rank_fraction is not None
                 else "default d/8"
             )
-        fac = lowrank_factorize(
-            W,
-            r,
-            method=method,
-            out_dtype=out_dtype,
-            niter=cfg.svd_niter,
-            generator=torch.Generator().manual_seed(cfg.seed),
-        )
+        if calibration is not None:
+            fac = calibrated_factorize(
+                W, r, calibration.second_moment, damp=cfg.calibration_damp, out_dtype=out_dtype
+            )
+        else:
+            fac = lowrank_factorize(
+                W,
+                r,
+                method=method,
+                out_dtype=out_dtype,
+                niter=cfg.svd_niter,
+                generator=torch.Generator().manual_seed(cfg.seed),
+            )
     except NonFiniteError as e:
         raise CheckpointError(
             f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
@@ -280,6 +310,15 @@ def convert(src: str | Path, out: str | Path, cfg: ConvertConfig) -> ConvertRepo
         target_rows_added=rows_added,
         vocab_maps=maps,
         head_vs_target=stats,
+        calibration={
+            "rows": calibration.rows,
+            "source": calibration.source,
+            "damp": cfg.calibration_damp,
+            "logit_relative_error": fac.logit_relative_error,
+            "svd_logit_relative_error": fac.svd_logit_relative_error,
+        }
+        if calibration is not None
+        else {},
         notes=notes + res.report.warnings,
     )
     _write_output(out, cfg.force, items, new_cfg, res, report, t0)

@@ -40,9 +40,15 @@ class TargetOutput:
 def _dtype(name: str | torch.dtype | None) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    table = {None: torch.float32, "float32": torch.float32, "fp32": torch.float32,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-             "fp16": torch.float16}
+    table = {
+        None: torch.float32,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name not in table:
         raise ValueError(f"dtype {name!r}: expected one of float32, bfloat16, float16")
     return table[name]
@@ -151,8 +157,12 @@ def target_forward(
         **kwargs,
     )
     aux = torch.cat([out.hidden_states[b] for b in sorted(aux_layers)], dim=-1)  # [B, T, K*dt]
-    return TargetOutput(logits=out.logits.float(), aux_hidden=aux, past_key_values=out.past_key_values,
-                        final_hidden=out.hidden_states[-1])
+    return TargetOutput(
+        logits=out.logits.float(),
+        aux_hidden=aux,
+        past_key_values=out.past_key_values,
+        final_hidden=out.hidden_states[-1],
+    )
 
 
 def target_logits_at(model, final_hidden: Tensor) -> Tensor:

@@ -64,10 +64,16 @@ def gguf_to_hf_folder(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -
 
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    quant = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
-    cfg = AutoConfig.for_model(**{k: v for k, v in quant.config.to_dict().items()
-                                  if k not in ("quantization_config", "_name_or_path")})
+    quant = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    cfg = AutoConfig.for_model(
+        **{
+            k: v
+            for k, v in quant.config.to_dict().items()
+            if k not in ("quantization_config", "_name_or_path")
+        }
+    )
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
     model.load_state_dict(quant.state_dict(), strict=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))

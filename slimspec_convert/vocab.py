@@ -72,7 +72,8 @@ def validate_vocab_maps(
     if d2t is None:
         if draft_vocab_size < vocab_size:
             raise VocabMapError(
-                f"{where}: draft_vocab_size={draft_vocab_size} < vocab_size={vocab_size} but no 'd2t' tensor; "
+                f"{where}: draft_vocab_size={draft_vocab_size} < vocab_size={vocab_size} "
+                "but no 'd2t' tensor; "
                 "a trimmed head without d2t would silently map draft id i to target id i (pitfall P5). "
                 "Add the d2t offsets (e.g. with `slimspec trim`)."
             )

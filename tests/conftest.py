@@ -15,12 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 
-
 @pytest.fixture(autouse=True)
 def _threads(request):
     """One thread for tiny models (more only thrash a busy 2-core machine), two for the real target."""
     before = torch.get_num_threads()
-    torch.set_num_threads(min(2, os.cpu_count() or 1) if request.node.get_closest_marker("integration") else 1)
+    torch.set_num_threads(
+        min(2, os.cpu_count() or 1) if request.node.get_closest_marker("integration") else 1
+    )
     yield
     torch.set_num_threads(before)
 
@@ -118,7 +119,8 @@ def tiny_tokenizer(vocab_size: int = 128):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(specials[:5])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
     fast.chat_template = TINY_CHAT_TEMPLATE
     return fast

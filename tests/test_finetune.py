@@ -121,7 +121,7 @@ def test_pinned_step_values(tmp_path):
 PINNED = [2.1284828186035156, 2.0971972942352295, 1.997343897819519]  # torch 2.13 CPU, this test
 
 
-class _Kill(Exception):
+class _KillError(Exception):
     pass
 
 
@@ -132,11 +132,11 @@ def test_resume_after_kill_repeats_the_same_losses(tmp_path):
 
     def dying_step():
         if killed.step == 5:
-            raise _Kill
+            raise _KillError
         return original()
 
     killed.train_step = dying_step
-    with pytest.raises(_Kill):
+    with pytest.raises(_KillError):
         killed.run()
     resumed = _trainer(tmp_path / "b", steps=8, save_every=2).run(resume=True)
     assert resumed.losses == pytest.approx(full, rel=1e-5)
