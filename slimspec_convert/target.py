@@ -9,6 +9,7 @@ therefore refuse ``b = L`` rather than feed a different feature.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,14 +144,14 @@ def target_forward(
     Returns:
         :class:`TargetOutput`.
     """
-    kwargs = {}
+    cache_kw = _cache_kwarg(model)
+    kwargs = {cache_kw: past_key_values}
     if logits_to_keep is not None:
         kwargs["logits_to_keep"] = logits_to_keep
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         use_cache=use_cache,
         output_hidden_states=True,
         return_dict=True,
@@ -160,9 +161,22 @@ def target_forward(
     return TargetOutput(
         logits=out.logits.float(),
         aux_hidden=aux,
-        past_key_values=out.past_key_values,
+        past_key_values=getattr(out, cache_kw),
         final_hidden=out.hidden_states[-1],
     )
+
+
+_CACHE_KWARGS: dict[type, str] = {}
+
+
+def _cache_kwarg(model) -> str:
+    """Name of the KV-cache argument and output field: ``cache`` (transformers >= 5.x; the older
+    ``past_key_values`` is deprecated there and goes in 5.40) or ``past_key_values`` (4.x)."""
+    cls = type(model)
+    if cls not in _CACHE_KWARGS:
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KWARGS[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARGS[cls]
 
 
 def target_logits_at(model, final_hidden: Tensor) -> Tensor:
