@@ -26,19 +26,22 @@ def main_job(smollm2_path, tmp_path_factory):
     full, _ = load_drafter(DRAFTER, target=model)
     full = full.float().eval()
     cfg = FinetuneConfig(
-        steps=6,
+        steps=20,
         lr=5e-4,  # from a calibrated init: larger steps first undo it (2e-3 needs ~25 steps to recover)
         train="head",
         ttt_steps=2,
         batch_size=4,
         max_length=192,
-        eval_every=6,
+        eval_every=20,
         eval_batches=1,
-        save_every=6,
+        save_every=20,
         warmup_steps=1,
     )
-    examples, _ = load_examples(tok, [REPO / "data" / "train" / "gsm8k" / "train.jsonl"], cfg)
-    calibration = head_input_moment(full, model, examples[208:232], pad_id=tok.pad_token_id)
+    train = REPO / "data" / "train"
+    math, _ = load_examples(tok, [train / "gsm8k" / "train.jsonl"], cfg)
+    code, _ = load_examples(tok, [train / "gpteacher" / "codegen-instruct.json"], cfg)
+    examples = [e for pair in zip(math[:120], code[:120], strict=True) for e in pair]  # the prompts mix both
+    calibration = head_input_moment(full, model, examples[208:240], pad_id=tok.pad_token_id)
     report = convert(DRAFTER, tmp_path / "r72", ConvertConfig(), calibration=calibration)
     assert report.rank == 72  # d/8 for d = 576
     assert report.calibration["logit_relative_error"] < report.calibration["svd_logit_relative_error"]
@@ -84,4 +87,7 @@ def test_main_job_is_lossless_and_finetune_lowers_kl(main_job):
 @pytest.mark.integration
 def test_main_job_slimspec_tau_at_least_0_9_of_full(main_job):
     rows, _ = main_job
-    assert rows["slimspec"].tau >= 0.9 * rows["full"].tau
+    ratio = rows["slimspec"].tau / rows["full"].tau
+    print(f"tau full {rows['full'].tau:.3f}, slimspec {rows['slimspec'].tau:.3f}, rho_tau {ratio:.3f}")
+    assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
+    assert rows["slimspec"].lossless
