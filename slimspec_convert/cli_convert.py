@@ -85,17 +85,6 @@ def convert(
     from .convert import convert as convert_checkpoint
 
     try:
-        if out.exists() and not force:  # before the (slow) calibration pass
-            raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
-        calibration = None
-        if calibration_data:
-            if not target:
-                raise ValueError("--calibration-data needs --target (the aux hidden states come from it)")
-            from finetune.calibrate import calibrate_from_files
-
-            calibration = calibrate_from_files(
-                src, target, list(calibration_data), samples=calibration_samples
-            )
         cfg = ConvertConfig(
             rank=rank,
             rank_fraction=rank_fraction,
@@ -109,6 +98,17 @@ def convert(
             norm_output_semantics=norm_output_semantics,
             calibration_damp=calibration_damp,
         )
+        if out.exists() and not force:  # checked before the (slow) calibration pass
+            raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+        calibration = None
+        if calibration_data:
+            if not target:
+                raise ValueError("--calibration-data needs --target (the aux hidden states come from it)")
+            from finetune.calibrate import calibrate_from_files
+
+            calibration = calibrate_from_files(
+                src, target, list(calibration_data), samples=calibration_samples
+            )
         report = convert_checkpoint(src, out, cfg, calibration=calibration)
     except USER_ERRORS as err:
         fail(err)

@@ -240,6 +240,8 @@ def test_cli_convert_and_inspect(source, tmp_path):
         (["--rank", "4", "--energy", "0.9"], "give only one of rank, rank_fraction, energy"),
         (["--full-vocab"], "full_vocab needs target"),
         (["--dtype", "int8"], "ConvertConfig.dtype='int8'"),
+        (["--calibration-damp", "0"], "ConvertConfig.calibration_damp=0.0: expected > 0"),
+        (["--calibration-data", "train.jsonl"], "--calibration-data needs --target"),
     ],
 )
 def test_cli_bad_options_exit_2_and_write_nothing(source, tmp_path, args, match):
