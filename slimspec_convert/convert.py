@@ -139,7 +139,11 @@ class ConvertReport:
                 f"({self.params_after / self.params_before:.3f}x)",
             ),
             ("relative_error", f"{self.relative_error:.6f}  (||W - W_up W_down||_F / ||W||_F)"),
-            ("energy_retained", f"{self.energy_retained:.6f}"),
+            (
+                "energy_retained",
+                f"{self.energy_retained:.6f}"
+                + ("  (share of E||W h||^2 kept, calibration data)" if self.calibration else ""),
+            ),
             ("svd", self.svd_method + (f" (niter={self.svd_niter})" if self.svd_niter is not None else "")),
         ]
         if self.calibration:
