@@ -73,7 +73,8 @@ class Factorization:
         W_up: [V_d, r], dtype of the input weight (or the requested dtype).
         W_down: [r, d], same dtype.
         singular_values: float64, descending: all min(V_d, d) of them when exact; when randomized,
-            the Ritz values of the Krylov subspace (lower bounds of the true leading ones).
+            the Ritz values of the Krylov subspace (lower bounds of the true leading ones);
+            when calibrated, those of ``W C^(1/2)``.
         relative_error: ||W - W_up W_down||_F / ||W||_F of the float32/64 factors before the cast.
         energy_retained: ||W_up W_down||_F^2 / ||W||_F^2 = sum_{i<r} s_i^2 / ||W||_F^2 (calibrated:
             the share of ``E||W h||^2`` kept, ``1 - logit_relative_error^2``).
@@ -476,7 +477,7 @@ def calibrated_factorize(
         R = eye - X
         RtGR = R.T @ gram @ R
         weight_err = float(RtGR.diagonal().sum()) / total if total > 0 else 0.0
-        logit_err = float((RtGR * C).sum()) / total_c
+        logit_err = float((RtGR * C).sum()) / total_c if total_c > 0 else 0.0
         return max(0.0, weight_err) ** 0.5, max(0.0, logit_err) ** 0.5
 
     X = (c_half @ Q) @ (Q.T @ c_inv_half)  # W_up W_down = W X
