@@ -6,6 +6,7 @@ data-parallel training; each process takes an equal slice of the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -42,8 +43,10 @@ SelfDistill = Annotated[
 ]
 
 
-def _cfg(**kw) -> FinetuneConfig:
-    return FinetuneConfig(**kw)
+def _cfg(options: dict) -> FinetuneConfig:
+    """The FinetuneConfig of a command's options (its parameters named after config fields)."""
+    names = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    return FinetuneConfig(**{k: v for k, v in options.items() if k in names})
 
 
 @app.command()
@@ -78,26 +81,12 @@ def finetune(
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Short KL recovery fine-tune of a (low-rank) drafter against the target (training-time test)."""
+    options = dict(locals())
     from finetune.run import finetune as run
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = _cfg(
-            steps=steps,
-            lr=lr,
-            train=train,
-            teacher=teacher,
-            ttt_steps=ttt_steps,
-            ttt_decay=ttt_decay,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            max_length=max_length,
-            eval_every=eval_every,
-            eval_batches=eval_batches,
-            save_every=save_every,
-            warmup_steps=warmup_steps,
-            seed=seed,
-        )
+        cfg = _cfg(options)
         result = run(
             target,
             drafter,
@@ -144,25 +133,12 @@ def train_drafter(
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Train a new EAGLE-3 drafter for a target (head and embeddings initialised from the target)."""
+    options = dict(locals())
     from finetune.run import train_drafter as run
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = _cfg(
-            steps=steps,
-            lr=lr,
-            train=train,
-            ttt_steps=ttt_steps,
-            ttt_decay=ttt_decay,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            max_length=max_length,
-            eval_every=eval_every,
-            eval_batches=eval_batches,
-            save_every=save_every,
-            warmup_steps=warmup_steps,
-            seed=seed,
-        )
+        cfg = _cfg(options)
         result = run(
             target,
             data,

@@ -245,3 +245,49 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     )
     losses = [tr.train_step()[0] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]  # KL(original head || low-rank head) on the drafter's features
+
+
+def test_cli_finetune_and_train_drafter_pass_their_options_to_the_config(tmp_path):
+    from eagle3_layouts import save_tiny_target
+    from typer.testing import CliRunner
+
+    from slimspec_convert.cli import app
+
+    tpath = save_tiny_target(tiny_target(), tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tpath)
+    data = str(DATA / "train" / "gsm8k" / "train.jsonl")
+    common = [
+        "--target",
+        str(tpath),
+        "--data",
+        data,
+        "--steps",
+        "2",
+        "--lr",
+        "0.002",
+        "--ttt-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "48",
+        "--eval-batches",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--seed",
+        "3",
+    ]
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["train-drafter", *common, "--out", str(tmp_path / "d"), "--train", "body", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        app, ["finetune", *common, "--drafter", str(tmp_path / "d"), "--out", str(tmp_path / "f"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    for sub, train in (("d", "body"), ("f", "head")):
+        cfg = json.loads((tmp_path / sub / "config.json").read_text())["slimspec"]["training"]["finetune"]
+        assert (cfg["steps"], cfg["lr"], cfg["ttt_steps"], cfg["batch_size"]) == (2, 0.002, 2, 2)
+        assert (cfg["max_length"], cfg["warmup_steps"], cfg["seed"], cfg["train"]) == (48, 0, 3, train)
