@@ -5,7 +5,8 @@
 #      calibrated: the factors minimise the logit error on the drafter's hidden states on real text
 #   3. build the static-trimming baseline (16k most frequent tokens of the training data)
 #   4. short KL recovery fine-tune of the low-rank head (training-time test, target as teacher)
-#   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec, same prompts, interleaved
+#   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec (the low-rank head alone, and
+#      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved
 # Usage: bash examples/quickstart.sh [OUT_DIR]   (env: FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,7 @@ slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" --data "$TRAI
 echo "== 5/5 bench e2e"
 slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
   --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
+  --drafter slimspec-rerank="$OUT/slimspec-r72-ft" --rerank slimspec-rerank=64 \
   --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" --draft tree \
   --out "$OUT/e2e" --force
 echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png)"

@@ -164,6 +164,7 @@ class E2ERow:
     rho_tau: float | None = None
     predicted_rho_tps: float | None = None
     measured_rho_tps: float | None = None
+    rerank_k: int = 0  # shortlist rerank of a low-rank head (LowRankHead.set_rerank), 0 = off
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,9 @@ def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig
             name=name,
             kind=head_kind(drafter),
             rank=drafter.lm_head.rank if isinstance(getattr(drafter, "lm_head", None), LowRankHead) else None,
+            rerank_k=drafter.lm_head.rerank_k
+            if isinstance(getattr(drafter, "lm_head", None), LowRankHead)
+            else 0,
             draft_vocab_size=drafter.config.draft_vocab_size if drafter is not None else None,
             tau=t.committed / t.cycles if t.cycles else None,
             new_tokens=t.new_tokens,
@@ -341,6 +345,7 @@ def e2e_markdown(result: E2EResult) -> str:
         head = (
             r.kind
             + (f" r={r.rank}" if r.rank else "")
+            + (f" +rerank k={r.rerank_k}" if r.rerank_k else "")
             + (f" V_d={r.draft_vocab_size}" if r.draft_vocab_size else "")
         )
         lossless = (
@@ -411,6 +416,11 @@ def bench_e2e(
     dtype = resolve_dtype(cfg.dtype)
     model, tokenizer = load_target(target, dtype)
     drafters = {n: load_drafter_with_target_embeddings(p, model).to(dtype).eval() for n, p in cfg.drafters}
+    for name, k in cfg.rerank:
+        try:
+            drafters[name].enable_rerank(k)
+        except ValueError as e:
+            raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)
     write_e2e(result, out, force=cfg.force)
     return result

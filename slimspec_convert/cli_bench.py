@@ -232,6 +232,19 @@ def _named_paths(items: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _named_ints(items: list[str], option: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out.append((name, int(value)))
+        except ValueError:
+            raise ValueError(f"{option} {item!r}: expected NAME=K with an integer K") from None
+        if not sep or not name:
+            raise ValueError(f"{option} {item!r}: expected NAME=K with an integer K")
+    return tuple(out)
+
+
 @bench_app.command("e2e")
 def bench_e2e_cmd(
     target: Annotated[str, typer.Option(help="target folder, .gguf or hub id")],
@@ -243,6 +256,10 @@ def bench_e2e_cmd(
     draft: Annotated[str, typer.Option(help="tree or chain")] = "tree",
     max_prompts: Annotated[int | None, typer.Option(help="first N prompts of the file")] = None,
     reference: Annotated[str | None, typer.Option(help="full-head drafter NAME for kappa/nu/rho_tau")] = None,
+    rerank: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=K: rescore that low-rank drafter's top-K logits exactly (repeatable)"),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="fp32 (default), bf16 or fp16")] = "float32",
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = False,
@@ -258,6 +275,7 @@ def bench_e2e_cmd(
         given = {"max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
         cfg = BenchE2EConfig(
             drafters=_named_paths(drafter),
+            rerank=_named_ints(rerank or [], "--rerank"),
             batch_size=batch_size,
             draft_method=draft,
             reference=reference,

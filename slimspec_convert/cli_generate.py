@@ -47,6 +47,10 @@ def generate(
         int, typer.Option(help="tree: draft nodes verified per round (root excluded)")
     ] = (_D.total_tokens),
     batch_size: Annotated[int, typer.Option(help="prompts decoded together (left-padded)")] = _G.batch_size,
+    rerank: Annotated[
+        int,
+        typer.Option(help="low-rank head: rescore its top-K logits with the embedding rows (0 = off)"),
+    ] = 0,
     dtype: Annotated[
         str, typer.Option(help="target and drafter dtype: float32, bfloat16, float16")
     ] = _G.dtype,
@@ -75,7 +79,7 @@ def generate(
         )
         dcfg = DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
         scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
-        results = _run(target, drafter, prompt, prompts, gcfg, dcfg, scfg)
+        results = _run(target, drafter, prompt, prompts, gcfg, dcfg, scfg, rerank)
     except USER_ERRORS as err:
         fail(err)
     if json_out:
@@ -84,7 +88,16 @@ def generate(
     _print_results(results)
 
 
-def _run(target, drafter, prompt, prompts, gcfg: GenerateConfig, dcfg: DraftConfig, scfg: SamplingConfig):
+def _run(
+    target,
+    drafter,
+    prompt,
+    prompts,
+    gcfg: GenerateConfig,
+    dcfg: DraftConfig,
+    scfg: SamplingConfig,
+    rerank: int = 0,
+):
     from .convert import load_drafter
     from .generate import SpeculativeGenerator
     from .prompts import load_prompts
@@ -98,6 +111,13 @@ def _run(target, drafter, prompt, prompts, gcfg: GenerateConfig, dcfg: DraftConf
     if drafter.lower() != "none":
         module, _ = load_drafter(drafter, target=model)
         module.to(model.dtype).eval()  # one dtype for both models (--dtype)
+        if rerank:
+            try:
+                module.enable_rerank(rerank)
+            except ValueError as e:
+                raise ValueError(f"--rerank {rerank}: {drafter}: {e}") from e
+    elif rerank:
+        raise ValueError("--rerank needs a low-rank --drafter")
     gen = SpeculativeGenerator(
         model,
         tokenizer,

@@ -421,10 +421,12 @@ class BenchE2EConfig:
     """Options of ``slimspec bench e2e``: drafters (name, path) timed against plain decoding, greedy.
 
     ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
-    drafter whose head is dense and untrimmed).
+    drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
+    drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
     """
 
     drafters: tuple[tuple[str, str], ...]
+    rerank: tuple[tuple[str, int], ...] = ()
     max_new_tokens: int = DEFAULT_E2E_MAX_NEW_TOKENS
     batch_size: int = 1
     draft_method: str = "tree"
@@ -447,6 +449,11 @@ class BenchE2EConfig:
             )
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
+        for name, k in self.rerank:
+            if name not in names:
+                raise ValueError(f"BenchE2EConfig.rerank: {name!r} is not one of the drafters {names}")
+            if not isinstance(k, int) or k < 1:
+                raise ValueError(f"BenchE2EConfig.rerank: {name}={k!r}, expected an integer k >= 1")
         for name in ("max_new_tokens", "batch_size", "max_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")

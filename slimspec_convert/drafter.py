@@ -314,6 +314,28 @@ class Eagle3Drafter(nn.Module):
             return draft_ids
         return draft_ids + self.d2t[draft_ids]
 
+    def enable_rerank(self, k: int) -> None:
+        """Shortlist rerank of the low-rank head with this drafter's ``embed_tokens`` rows.
+
+        Exact only for drafters whose dense lm_head was the target's tied embedding, kept frozen
+        (speculators heads, ``slimspec train-drafter --train body``): there the reranked top-k
+        scores equal the original head's. ``k = 0`` turns it off. Greedy and sampled outputs stay
+        lossless either way (verification decides); only acceptance changes.
+
+        Raises:
+            ValueError: a dense head, a trimmed vocabulary (V_d < V), or k outside [0, V_d].
+        """
+        from .head import LowRankHead
+
+        if not isinstance(self.lm_head, LowRankHead):
+            raise ValueError("rerank needs a low-rank lm_head (convert the drafter first)")
+        if self.config.is_trimmed:
+            raise ValueError(
+                f"rerank needs a full-vocabulary head (draft_vocab_size {self.config.draft_vocab_size} "
+                f"< vocab_size {self.config.vocab_size})"
+            )
+        self.lm_head.set_rerank(k, self.embed_tokens)
+
     @property
     def head_is_lowrank(self) -> bool:
         """True when lm_head is a :class:`~slimspec_convert.head.LowRankHead`."""

@@ -14,6 +14,10 @@ class LowRankHead(nn.Module):
     Parameter names give the state-dict keys ``lm_head.down.weight`` [r, d] and
     ``lm_head.up.weight`` [V_d, r], the layout of lightseekorg/TorchSpec PR #185.
 
+    Optional shortlist rerank (:meth:`set_rerank`, off by default, inference only): the low-rank
+    logits preview the vocabulary, the top ``k`` rows are rescored exactly with full-rank rows
+    ``E[i] . h`` (SVD-softmax, Shim et al., NeurIPS 2017). Cost ``r (d + V_d) + k d`` per token.
+
     Args:
         hidden_size: d.
         vocab_rows: V_d, the head's output rows (the draft vocabulary).
@@ -32,6 +36,35 @@ class LowRankHead(nn.Module):
             raise ValueError(f"rank r={rank} is outside [1, min(V_d={vocab_rows}, d={hidden_size})]")
         self.down = nn.Linear(hidden_size, rank, bias=False, dtype=dtype)  # W_down [r, d]
         self.up = nn.Linear(rank, vocab_rows, bias=False, dtype=dtype)  # W_up [V_d, r]
+        self._rerank: tuple[int, nn.Embedding] | None = None  # a tuple: not a registered submodule
+
+    @property
+    def rerank_k(self) -> int:
+        """k of the shortlist rerank, 0 when off."""
+        return self._rerank[0] if self._rerank is not None else 0
+
+    def set_rerank(self, k: int, rows: nn.Embedding | None) -> None:
+        """Rescore the top ``k`` low-rank logits with the full-rank rows of ``rows`` (eval mode only).
+
+        ``rows.weight`` [V_d, d] must hold the dense head the factors approximate: for a drafter
+        whose lm_head is the (tied, frozen) target embedding, its own ``embed_tokens``. The rows
+        are referenced, not copied or saved; ``k = 0`` turns the rerank off.
+
+        Raises:
+            ValueError: k outside [0, V_d], or rows of another shape than [V_d, d].
+        """
+        if not 0 <= k <= self.out_features:
+            raise ValueError(f"rerank k={k} is outside [0, V_d={self.out_features}]")
+        if k == 0 or rows is None:
+            self._rerank = None
+            return
+        shape = tuple(rows.weight.shape)
+        if shape != (self.out_features, self.in_features):
+            raise ValueError(
+                f"rerank rows have shape {list(shape)}, expected [V_d, d] = "
+                f"[{self.out_features}, {self.in_features}]"
+            )
+        self._rerank = (k, rows)
 
     @property
     def rank(self) -> int:
@@ -55,9 +88,17 @@ class LowRankHead(nn.Module):
             hidden: [..., d].
 
         Returns:
-            [..., V_d] in the parameters' dtype.
+            [..., V_d] in the parameters' dtype; with the rerank on (eval mode), the top-k
+            entries of the low-rank logits replaced by their exact full-rank scores.
         """
-        return self.up(self.down(hidden))  # [..., r] -> [..., V_d]
+        z = self.up(self.down(hidden))  # [..., r] -> [..., V_d]
+        if self._rerank is None or self.training:
+            return z
+        k, rows = self._rerank
+        idx = z.topk(k, dim=-1).indices  # [..., k]
+        w = rows.weight[idx].to(hidden.dtype)  # [..., k, d]
+        exact = torch.matmul(w, hidden.unsqueeze(-1)).squeeze(-1)  # [..., k]
+        return z.scatter(-1, idx, exact.to(z.dtype))
 
     @classmethod
     def from_factorization(cls, fac: Factorization) -> LowRankHead:

@@ -73,19 +73,20 @@ def test_cli_bench_e2e(tmp_path):
     ]
     for name, path in paths.items():
         args += ["--drafter", f"{name}={path}"]
-    res = CliRunner().invoke(app, args)
+    res = CliRunner().invoke(app, args + ["--drafter", f"lowrr={paths['low']}", "--rerank", "lowrr=16"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     rows = {r["name"]: r for r in summary["rows"]}
-    assert list(rows) == ["none", "full", "low", "trim"]
-    assert [rows[n]["kind"] for n in rows] == ["plain", "full", "lowrank", "trimmed"]
+    assert list(rows) == ["none", "full", "low", "trim", "lowrr"]
+    assert [rows[n]["kind"] for n in rows] == ["plain", "full", "lowrank", "trimmed", "lowrank"]
+    assert (rows["low"]["rerank_k"], rows["lowrr"]["rerank_k"]) == (0, 16)
     assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
     assert summary["reference"] == "full" and summary["num_prompts"] == 2
     # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
-    assert [rows[n]["lossless"] for n in ("full", "low", "trim")] == [True, True, True]
+    assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
     plain_ids = [p["output_ids"] for p in full_json["per_prompt"]["none"]]
-    for name in ("full", "low", "trim"):
+    for name in ("full", "low", "trim", "lowrr"):
         assert [p["output_ids"] for p in full_json["per_prompt"][name]] == plain_ids
         # tau = committed tokens / verification rounds, recomputed from the raw per-prompt stats.
         per = full_json["per_prompt"][name]
@@ -103,6 +104,11 @@ def test_cli_bench_e2e(tmp_path):
     )
     assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
     assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| low | lowrank r=8 V_d=128 |" in (tmp_path / "out" / "e2e.md").read_text()
+    md = (tmp_path / "out" / "e2e.md").read_text()
+    assert "| low | lowrank r=8 V_d=128 |" in md and "| lowrr | lowrank r=8 +rerank k=16 V_d=128 |" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
+    assert bad.exit_code == 2 and "rerank: 'nope' is not one of the drafters" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "full=4"])
+    assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output
