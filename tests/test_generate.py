@@ -466,3 +466,7 @@ def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path)
     assert t2["stats"]["system_prompt"] == "Be brief." and 1 <= t2["stats"]["new_tokens"] <= 5
     bad = runner.invoke(app, ["generate", "--target", str(smollm2_path), "--drafter", "none"])
     assert bad.exit_code == 2 and "exactly one of --prompt TEXT or --prompts" in bad.output
+    bad = runner.invoke(app, [*common, "--drafter", str(tmp_path / "drafter"), "--rerank", "8"])
+    assert bad.exit_code == 2 and "--rerank 8" in bad.output and "needs a low-rank lm_head" in bad.output
+    bad = runner.invoke(app, [*common, "--drafter", "none", "--rerank", "8"])
+    assert bad.exit_code == 2 and "--rerank needs a low-rank --drafter" in bad.output
