@@ -18,14 +18,6 @@ from slimspec_convert.head import LowRankHead
 V, D = 128, 32
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _tied_pair(rank: int) -> tuple[Eagle3Drafter, Eagle3Drafter]:
     """A dense drafter whose lm_head is its embedding table (tied, as the SmolLM2 demo drafter),
     and its rank-``rank`` SVD copy."""
