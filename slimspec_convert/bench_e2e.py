@@ -282,13 +282,12 @@ def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig
     for name, drafter in configs.items():
         t = totals[name]
         mism = sum(a.output_ids != b.output_ids for a, b in zip(outputs[name], plain, strict=True))
+        low = drafter.lm_head if isinstance(getattr(drafter, "lm_head", None), LowRankHead) else None
         row = dict(
             name=name,
             kind=head_kind(drafter),
-            rank=drafter.lm_head.rank if isinstance(getattr(drafter, "lm_head", None), LowRankHead) else None,
-            rerank_k=drafter.lm_head.rerank_k
-            if isinstance(getattr(drafter, "lm_head", None), LowRankHead)
-            else 0,
+            rank=low.rank if low is not None else None,
+            rerank_k=low.rerank_k if low is not None else 0,
             draft_vocab_size=drafter.config.draft_vocab_size if drafter is not None else None,
             tau=t.committed / t.cycles if t.cycles else None,
             new_tokens=t.new_tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -222,26 +222,18 @@ def rank_sweep_cmd(
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else sweep_markdown(result))
 
 
-def _named_paths(items: list[str]) -> tuple[tuple[str, str], ...]:
+def _named(items: list[str], option: str, value=str) -> tuple[tuple[str, Any], ...]:
+    """Parse repeatable ``NAME=VALUE`` options; ``value`` converts VALUE (ValueError on bad input)."""
     out = []
     for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--drafter {item!r}: expected NAME=PATH")
-        out.append((name, path))
-    return tuple(out)
-
-
-def _named_ints(items: list[str], option: str) -> tuple[tuple[str, int], ...]:
-    out = []
-    for item in items:
-        name, sep, value = item.partition("=")
+        name, sep, raw = item.partition("=")
         try:
-            out.append((name, int(value)))
+            if not sep or not name or not raw:
+                raise ValueError
+            out.append((name, value(raw)))
         except ValueError:
-            raise ValueError(f"{option} {item!r}: expected NAME=K with an integer K") from None
-        if not sep or not name:
-            raise ValueError(f"{option} {item!r}: expected NAME=K with an integer K")
+            kind = "PATH" if value is str else "K with an integer K"
+            raise ValueError(f"{option} {item!r}: expected NAME={kind}") from None
     return tuple(out)
 
 
@@ -274,8 +266,8 @@ def bench_e2e_cmd(
             torch.set_num_threads(threads)
         given = {"max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
         cfg = BenchE2EConfig(
-            drafters=_named_paths(drafter),
-            rerank=_named_ints(rerank or [], "--rerank"),
+            drafters=_named(drafter, "--drafter"),
+            rerank=_named(rerank or [], "--rerank", int),
             batch_size=batch_size,
             draft_method=draft,
             reference=reference,

@@ -110,5 +110,7 @@ def test_cli_bench_e2e(tmp_path):
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
     assert bad.exit_code == 2 and "rerank: 'nope' is not one of the drafters" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "low=many"])
+    assert bad.exit_code == 2 and "--rerank 'low=many': expected NAME=K with an integer K" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "full=4"])
     assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output
