@@ -88,7 +88,7 @@ def exact_bound(folder: Path, rank: int) -> float:
     """Eckart-Young relative error of the head at ``rank`` (float32 Gram, float64 eigenvalues)."""
     import torch
 
-    from slimspec_convert.checkpoint import open_weights
+    from slimspec_convert.checkpoint.folders import open_weights
 
     W = open_weights(folder)[0]["lm_head.weight"].view()
     gram = torch.zeros(D, D, dtype=torch.float32)

@@ -18,13 +18,14 @@ import time
 
 import torch
 
-from slimspec_convert.config import DraftConfig, DrafterConfig, SamplingConfig
-from slimspec_convert.convert import load_drafter
-from slimspec_convert.drafter import Eagle3Drafter
-from slimspec_convert.generate import SpeculativeGenerator
-from slimspec_convert.prompts import load_prompts
-from slimspec_convert.target import load_target
-from slimspec_convert.targets import get_smollm2
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.prompts import load_prompts
+from slimspec_convert.model.config import DrafterConfig
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.target.fetch import get_smollm2
+from slimspec_convert.target.load import load_target
 
 MT_BENCH = "data/eval/mt_bench/question.jsonl"
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from finetune.config import FinetuneConfig
-from finetune.data import collate
-from finetune.run import load_examples, split_heldout
-from finetune.ttt import ttt_unroll
-from slimspec_convert.convert import load_drafter
-from slimspec_convert.target import load_target, num_target_layers, target_forward, target_lm_head
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.data.examples import collate, load_examples, split_heldout
+from slimspec_convert.model.ttt import ttt_unroll
+from slimspec_convert.target.forward import target_forward
+from slimspec_convert.target.load import load_target, num_target_layers, target_lm_head
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = [REPO / "data/train/gsm8k/train.jsonl", REPO / "data/train/gpteacher/codegen-instruct.json"]
@@ -44,7 +44,7 @@ def main() -> None:
     dense = dense.float().eval()
     lows = {p: load_drafter(p, target=model)[0].float().eval() for p in args.low}
     cfg = FinetuneConfig(max_length=256, ttt_steps=3)
-    examples, _ = load_examples(tok, DATA, cfg)
+    examples, _ = load_examples(tok, DATA, cfg.max_length)
     _, held = split_heldout(examples, cfg.max_eval_fraction, cfg.seed)
     held = held[: args.conversations]
     aux = dense.config.resolved_aux_layer_ids(num_target_layers(model))

@@ -1,4 +1,4 @@
-"""Fine-tune / train-drafter configuration (frozen dataclass; every default defined once here)."""
+"""Fine-tune / train-drafter configuration (frozen dataclass; every default written once, here)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ from typing import Any
 TRAIN_CHOICES = ("head", "head+lora", "all", "body")
 TEACHER_CHOICES = ("target", "drafter")
 
+
 # Upstream defaults (eagle3-formats.md section 7): SpecForge / EAGLE unroll 7 steps, weights 0.8^s.
 DEFAULT_TTT_STEPS = 7
 DEFAULT_TTT_DECAY = 0.8
-
-# slimspec convert --calibration-data (finetune/calibrate.py)
-DEFAULT_CALIBRATION_SAMPLES = 64
-DEFAULT_CALIBRATION_TTT_STEPS = 3
-DEFAULT_CALIBRATION_MAX_LENGTH = 256
 
 
 @dataclass(frozen=True)
@@ -89,6 +85,12 @@ class FinetuneConfig:
             raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
         if not 0 < self.max_eval_fraction < 1:
             raise ValueError(f"FinetuneConfig.max_eval_fraction={self.max_eval_fraction}: expected in (0, 1)")
+
+    @classmethod
+    def for_new_drafter(cls, **changes: Any) -> FinetuneConfig:
+        """The defaults of ``train-drafter``: a fresh drafter trains every parameter (``train='all'``)
+        at lr 1e-3, not only its head; ``changes`` override fields."""
+        return cls(**{"lr": 1e-3, "train": "all", **changes})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

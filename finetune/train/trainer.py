@@ -1,0 +1,486 @@
+"""The training loop shared by ``slimspec finetune`` and ``slimspec train-drafter``.
+
+Forward KL to the target over the full vocabulary with the training-time-test unroll
+(finetune/ttt.py), AdamW with warmup + cosine decay, gradient clipping, held-out evaluation that
+keeps the checkpoint with the best expected acceptance, periodic resumable checkpoints and
+multi-process data parallelism through torch.distributed (torchrun / accelerate launch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from finetune.config import FinetuneConfig
+from finetune.train.loss import expected_acceptance_terms, kl_terms, top1_agreement, ttt_weights
+from slimspec_convert.atomic import atomic_path, atomic_write_json
+from slimspec_convert.checkpoint.load import build_drafter
+from slimspec_convert.checkpoint.save import save_drafter
+from slimspec_convert.data.examples import Example, batch_indices, collate
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.model.ttt import shift_left, ttt_unroll
+from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.target.forward import target_forward, target_logits_at
+
+logger = logging.getLogger(__name__)
+
+
+STATE_NAME = "training_state.pt"
+
+
+LOG_NAME = "train_log.jsonl"
+
+
+REPORT_NAME = "finetune_report.json"
+
+
+LORA_MODULES = r"midlayer\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
+
+
+@dataclass
+class TrainResult:
+    """Summary of a run (also written to ``OUT/finetune_report.json``)."""
+
+    out_dir: str
+    steps: int
+    losses: list[float]
+    history: list[dict[str, Any]]
+    before: dict[str, Any]
+    best: dict[str, Any]
+    tokens_per_s: float
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            k: getattr(self, k)
+            for k in (
+                "out_dir",
+                "steps",
+                "losses",
+                "history",
+                "before",
+                "best",
+                "tokens_per_s",
+                "seconds",
+                "extra",
+            )
+        }
+
+    def summary(self) -> str:
+        """A short readable table of before/after held-out metrics."""
+        lines = ["metric                      before    best", "-" * 44]
+        for key in ("score", "acceptance", "top1"):
+            b, a = self.before.get(key), self.best.get(key)
+            if isinstance(b, list):
+                for s, (x, y) in enumerate(zip(b, a, strict=False)):
+                    lines.append(f"{key}[step {s}]".ljust(26) + f"{x:8.4f}  {y:8.4f}")
+            elif b is not None:
+                lines.append(key.ljust(26) + f"{b:8.4f}  {a:8.4f}")
+        lines.append(
+            f"best step {self.best.get('step')}, {self.steps} steps, "
+            f"{self.tokens_per_s:.0f} training tokens/s, {self.seconds:.0f} s"
+        )
+        return "\n".join(lines)
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def maybe_init_distributed() -> tuple[int, int]:
+    """Initialise torch.distributed from torchrun's environment (gloo on CPU, nccl on CUDA)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return _world()
+
+
+def _all_reduce(t: Tensor) -> Tensor:
+    if _world()[1] > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def set_trainable(drafter: Eagle3Drafter, cfg: FinetuneConfig) -> nn.Module:
+    """Freeze/unfreeze per ``cfg.train``; inject LoRA with peft for ``head+lora``.
+
+    Embeddings always stay frozen (every upstream trainer freezes them; eagle3-formats.md s. 5).
+
+    Returns:
+        The module to train (the drafter itself; LoRA layers are injected in place).
+    """
+    for p in drafter.parameters():
+        p.requires_grad_(False)
+    if cfg.train == "head+lora":
+        from peft import LoraConfig, inject_adapter_in_model
+
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            target_modules=LORA_MODULES,
+            lora_dropout=0.0,
+            bias="none",
+        )
+        inject_adapter_in_model(lora, drafter)
+        for n, p in drafter.named_parameters():
+            p.requires_grad_("lora_" in n)
+    for n, p in drafter.named_parameters():
+        if n.startswith("embed_tokens."):
+            continue
+        is_head = n.startswith("lm_head.")
+        if cfg.train in ("head", "head+lora") and is_head:
+            p.requires_grad_(True)
+        elif cfg.train == "all" or (cfg.train == "body" and not is_head and "lora_" not in n):
+            p.requires_grad_(True)
+    return drafter
+
+
+def merged_state_dict(drafter: Eagle3Drafter) -> dict[str, Tensor]:
+    """Canonical state dict with any LoRA adapters merged into their base weights."""
+    from peft.tuners.lora import LoraLayer
+
+    state = {k: v for k, v in drafter.state_dict().items() if "lora_" not in k}
+    for name, module in drafter.named_modules():
+        if isinstance(module, LoraLayer):
+            base = state.pop(f"{name}.base_layer.weight")
+            delta = module.get_delta_weight("default").to(base.dtype)
+            state[f"{name}.weight"] = base + delta
+            if f"{name}.base_layer.bias" in state:
+                state[f"{name}.bias"] = state.pop(f"{name}.base_layer.bias")
+    return state
+
+
+def export_drafter(drafter: Eagle3Drafter) -> Eagle3Drafter:
+    """A plain (LoRA-merged) copy of the drafter for saving or inference."""
+    if not any("lora_" in n for n, _ in drafter.named_parameters()):
+        return drafter
+    state = merged_state_dict(drafter)
+    return build_drafter(drafter.config, state, embed_from=None, where="merged LoRA drafter")
+
+
+def _lr_lambda(cfg: FinetuneConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+class Trainer:
+    """One fine-tune / training run.
+
+    Args:
+        drafter: the drafter to train (float32 recommended on CPU).
+        target_model: HF causal LM (teacher and source of aux hidden states), eval mode.
+        aux_layers: boundary ids to capture from the target.
+        train_examples: tokenised training data.
+        eval_examples: held-out data (never trained on).
+        cfg: the run's config.
+        out_dir: output folder (best drafter, checkpoints, logs).
+        pad_id: padding token id.
+        teacher_head: with ``cfg.teacher == 'drafter'``, the original dense head [V_d, d] module.
+        meta: extra provenance written into the saved drafter's config.
+    """
+
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        target_model,
+        aux_layers: tuple[int, ...],
+        train_examples: list[Example],
+        eval_examples: list[Example],
+        cfg: FinetuneConfig,
+        out_dir: str | Path,
+        pad_id: int,
+        teacher_head: nn.Module | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.target = target_model
+        self.aux_layers = tuple(aux_layers)
+        self.train_examples = train_examples
+        self.eval_examples = eval_examples
+        self.out = Path(out_dir)
+        self.pad_id = pad_id
+        self.meta = meta or {}
+        self.rank, self.world = _world()
+        if cfg.batch_size % self.world:
+            raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the world size {self.world}")
+        if cfg.teacher == "drafter" and teacher_head is None:
+            raise ValueError("teacher='drafter' needs the original full head (teacher_head)")
+        self.teacher_head = teacher_head
+        self.drafter = set_trainable(drafter, cfg)
+        self.params = [p for p in self.drafter.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"train={cfg.train!r} leaves no trainable parameter")
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
+        self.weights = ttt_weights(cfg.ttt_steps, cfg.ttt_decay)
+        d2t = drafter.d2t
+        self.draft_ids = draft_to_target_ids(d2t) if d2t is not None else None
+        self.step = 0
+        self.losses: list[float] = []
+        self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] = {"score": -1.0}
+        self.before: dict[str, Any] = {}
+        self.autocast = cfg.bf16_autocast and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+    # ---- one micro-batch -------------------------------------------------------------------
+    def _target(self, batch: dict[str, Tensor]):
+        with torch.no_grad():  # logits are computed later, only where a loss needs them
+            return target_forward(
+                self.target,
+                batch["input_ids"],
+                self.aux_layers,
+                attention_mask=batch["attention_mask"],
+                logits_to_keep=1,
+            )
+
+    def _gathered_logits(self, out, h: Tensor, valid: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+        """(reference, draft) logits at the supervised positions only: [N, V_t or V_d], [N, V_d].
+
+        Gathering before the heads skips prompt and padding positions (about half of all
+        positions in chat data), the dominant cost of a step on CPU.
+        """
+        b, t = valid.nonzero(as_tuple=True)
+        normed = self.drafter.norm(h[b, t])  # [N, d]
+        draft_logits = self.drafter.lm_head(normed)  # [N, V_d]
+        with torch.no_grad():
+            if self.teacher_head is not None:
+                ref = self.teacher_head(normed)  # original head on the same features
+            else:
+                ref = target_logits_at(self.target, out.final_hidden[b, t + shift])  # target at t + 1 + s
+        return ref, draft_logits
+
+    def _loss(self, batch: dict[str, Tensor], global_counts: Tensor) -> tuple[Tensor, Tensor]:
+        """Weighted sum over TTT steps of the masked-mean KL; returns (loss, per-step KL sums)."""
+        out = self._target(batch)
+        total = torch.zeros((), dtype=torch.float32)
+        kl_sums = torch.zeros(self.cfg.ttt_steps)
+        ids = None if self.cfg.teacher == "drafter" else self.draft_ids
+        for st in ttt_unroll(
+            self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
+        ):
+            ref, draft_logits = self._gathered_logits(out, st.hidden, st.valid, st.ref_positions_shift)
+            kl = kl_terms(ref, draft_logits, ids)  # [N]
+            total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
+            kl_sums[st.step] = kl.detach().sum()
+        return total, kl_sums
+
+    def _valid_counts(self, batch: dict[str, Tensor]) -> Tensor:
+        m = batch["loss_mask"]
+        return torch.stack([shift_left(m, 2 + s, False).sum() for s in range(self.cfg.ttt_steps)]).float()
+
+    def _local_batch(self, step: int, micro: int) -> dict[str, Tensor]:
+        global_step = step * self.cfg.grad_accum + micro
+        idx = batch_indices(len(self.train_examples), self.cfg.batch_size, global_step, self.cfg.seed)
+        per = self.cfg.batch_size // self.world
+        mine = idx[self.rank * per : (self.rank + 1) * per]
+        return collate([self.train_examples[i] for i in mine], self.pad_id)
+
+    def train_step(self) -> tuple[float, int]:
+        """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen)."""
+        self.drafter.train()
+        self.opt.zero_grad(set_to_none=True)
+        kl_sum = torch.zeros(self.cfg.ttt_steps)
+        count_sum = torch.zeros(self.cfg.ttt_steps)
+        tokens = 0
+        for micro in range(self.cfg.grad_accum):
+            batch = self._local_batch(self.step, micro)
+            counts = _all_reduce(self._valid_counts(batch))
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+                loss, kl_sums = self._loss(batch, counts)
+            (loss / self.cfg.grad_accum).backward()
+            kl_sum += kl_sums
+            count_sum += counts
+            tokens += int(batch["attention_mask"].sum())
+        if self.world > 1:
+            for p in self.params:  # sum: each rank's loss was normalised by the global count
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            kl_sum = _all_reduce(kl_sum)
+            tokens = int(_all_reduce(torch.tensor(tokens)).item())
+        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        mean_kl = (kl_sum / count_sum.clamp_min(1)).tolist()
+        self.losses.append(mean_kl[0])
+        return mean_kl[0], tokens
+
+    # ---- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out top-1 agreement and expected acceptance per TTT step, and the chain score.
+
+        ``score`` = sum_s prod_{j<=s} acceptance_j: the expected number of accepted draft tokens
+        of a chain of ``ttt_steps`` (the quantity the kept checkpoint maximises).
+        """
+        self.drafter.eval()
+        acc_sum = torch.zeros(self.cfg.ttt_steps)
+        top_sum = torch.zeros(self.cfg.ttt_steps)
+        kl_sum = torch.zeros(self.cfg.ttt_steps)
+        n_sum = torch.zeros(self.cfg.ttt_steps)
+        n_eval = min(len(self.eval_examples), self.cfg.eval_batches * self.cfg.batch_size)
+        per = max(1, self.cfg.batch_size // self.world)
+        mine = list(range(n_eval))[self.rank :: self.world]
+        for i in range(0, len(mine), per):
+            batch = collate([self.eval_examples[j] for j in mine[i : i + per]], self.pad_id)
+            out = self._target(batch)
+            for st in ttt_unroll(
+                self.drafter,
+                batch["input_ids"],
+                out.aux_hidden.float(),
+                batch["loss_mask"],
+                self.cfg.ttt_steps,
+            ):
+                b, t = st.valid.nonzero(as_tuple=True)
+                ref = target_logits_at(self.target, out.final_hidden[b, t + st.ref_positions_shift])
+                draft_logits = self.drafter.logits(st.hidden[b, t])  # [N, V_d]
+                acc_sum[st.step] += expected_acceptance_terms(ref, draft_logits, self.draft_ids).sum()
+                top_sum[st.step] += top1_agreement(ref, draft_logits, self.draft_ids).sum()
+                kl_sum[st.step] += kl_terms(ref, draft_logits, self.draft_ids).sum()
+                n_sum[st.step] += b.numel()
+        for t in (acc_sum, top_sum, kl_sum, n_sum):
+            _all_reduce(t)
+        n = n_sum.clamp_min(1)
+        acc = (acc_sum / n).tolist()
+        score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
+        return {
+            "step": self.step,
+            "score": score,
+            "acceptance": acc,
+            "top1": (top_sum / n).tolist(),
+            "kl": (kl_sum / n).tolist(),
+            "positions": int(n_sum[0].item()),
+        }
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "trainable": {
+                n: p.detach().clone() for n, p in self.drafter.named_parameters() if p.requires_grad
+            },
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "losses": list(self.losses),
+            "history_json": json.dumps(self.history),
+            "best_json": json.dumps(self.best),
+            "before_json": json.dumps(self.before),
+            "rng": torch.get_rng_state(),
+        }
+
+    def save_checkpoint(self) -> None:
+        """Write ``OUT/training_state.pt`` atomically (rank 0 only)."""
+        if self.rank:
+            return
+        with atomic_path(self.out / STATE_NAME) as tmp:
+            torch.save(self._state(), tmp)
+
+    def load_checkpoint(self) -> bool:
+        """Restore from ``OUT/training_state.pt`` (``weights_only=True``); False if none exists."""
+        path = self.out / STATE_NAME
+        if not path.is_file():
+            return False
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        params = dict(self.drafter.named_parameters())
+        with torch.no_grad():
+            for n, t in state["trainable"].items():
+                if n not in params:
+                    raise ValueError(
+                        f"{path}: trainable tensor {n!r} does not exist in this drafter/--train mode"
+                    )
+                params[n].copy_(t)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.losses = list(state["losses"])
+        self.history = json.loads(state["history_json"])
+        self.best = json.loads(state["best_json"])
+        self.before = json.loads(state["before_json"])
+        torch.set_rng_state(state["rng"])
+        return True
+
+    def _save_best(self, metrics: dict[str, Any]) -> None:
+        self.best = metrics
+        if self.rank:
+            return
+        meta = {**self.meta, "finetune": self.cfg.to_dict(), "heldout": metrics}
+        save_drafter(export_drafter(self.drafter), self.out, extra_config={"training": meta})
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> TrainResult:
+        """Train for ``cfg.steps`` optimizer steps (continuing from a checkpoint with resume)."""
+        t0 = time.perf_counter()
+        if resume and self.load_checkpoint():
+            logger.info("resumed at step %d", self.step)
+        if not self.before:
+            self.before = self.evaluate()
+            self.history.append(self.before)
+            if self.before["score"] > self.best["score"]:
+                self._save_best(self.before)
+        log = (self.out / LOG_NAME).open("a") if self.rank == 0 else None
+        tokens_total, train_seconds = 0, 0.0
+        bar = tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", disable=self.rank != 0)
+        try:
+            while self.step < self.cfg.steps:
+                ts = time.perf_counter()
+                kl0, tokens = self.train_step()
+                train_seconds += time.perf_counter() - ts
+                tokens_total += tokens
+                tps = tokens_total / max(train_seconds, 1e-9)
+                bar.update(1)
+                bar.set_postfix(kl=f"{kl0:.3f}", tok_s=f"{tps:.0f}", lr=f"{self.sched.get_last_lr()[0]:.1e}")
+                if log:
+                    log.write(json.dumps({"step": self.step, "kl_step0": kl0, "tokens_per_s": tps}) + "\n")
+                    log.flush()
+                if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                    metrics = self.evaluate()
+                    self.history.append(metrics)
+                    if metrics["score"] > self.best["score"]:
+                        self._save_best(metrics)
+                if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if log:
+                log.close()
+        result = TrainResult(
+            out_dir=str(self.out),
+            steps=self.step,
+            losses=self.losses,
+            history=self.history,
+            before=self.before,
+            best=self.best,
+            tokens_per_s=tokens_total / max(train_seconds, 1e-9),
+            seconds=time.perf_counter() - t0,
+        )
+        if self.rank == 0:
+            atomic_write_json(self.out / REPORT_NAME, result.to_dict())
+        return result
+
+
+def copy_head(drafter: Eagle3Drafter) -> nn.Module:
+    """A frozen copy of the drafter's current head (the teacher for ``--teacher drafter``)."""
+    head = copy.deepcopy(drafter.lm_head)
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head

@@ -1,0 +1,116 @@
+"""Writing SlimSpec-native drafter folders: ``config.json`` (flat ``LlamaForCausalLMEagle3`` config plus a
+``slimspec`` section holding the normalised config) and ``model.safetensors``, readable by SpecForge / SGLang
+for dense heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from slimspec_convert.atomic import atomic_path, atomic_write_json
+from slimspec_convert.checkpoint.names import CONFIG_NAME, EMBED_KEY, SLIMSPEC_SECTION, WEIGHTS_NAME
+from slimspec_convert.checkpoint.weightfiles import (  # noqa: F401
+    CheckpointError,
+    TensorRef,
+    read_safetensors_header,
+    write_safetensors,
+)
+from slimspec_convert.model.config import AUX_CONVENTION_BOUNDARY, DrafterConfig
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.version import __version__
+
+
+def hf_config_dict(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """A flat SpecForge/SGLang-style config.json for ``cfg`` plus the ``slimspec`` section.
+
+    Aux ids are written in the output-of-layer convention inside ``eagle_config`` (what
+    SpecForge and SGLang read) and as boundaries at the top level (vLLM, speculators).
+    """
+    out: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.resolved_head_dim,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "hidden_act": cfg.hidden_act,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+    }
+    if cfg.target_hidden_size is not None:
+        out["target_hidden_size"] = cfg.target_hidden_size
+    if cfg.aux_layer_ids is not None:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [b - 1 for b in cfg.aux_layer_ids]}
+        out["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    if cfg.fc_bias:
+        out["bias"] = True  # SGLang's name for the fc bias
+    if cfg.norm_output_postnorm:
+        out["norm_output"] = True  # engine meaning (post-norm recurrence); never SpecForge's (P7)
+    if cfg.head_rank is not None:
+        out["lm_head_rank"] = cfg.head_rank
+        if cfg.hidden_size % cfg.head_rank == 0:  # TorchSpec PR #185: rank = hidden_size // divisor
+            out["lm_head_rank_divisor"] = cfg.hidden_size // cfg.head_rank
+    out[SLIMSPEC_SECTION] = {
+        "version": __version__,
+        "aux_layer_ids_convention": AUX_CONVENTION_BOUNDARY,
+        "drafter_config": cfg.to_dict(),
+    }
+    return out
+
+
+def save_drafter(
+    drafter: Eagle3Drafter,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    include_embeddings: bool = False,
+    extra_config: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` for a drafter, each file atomically.
+
+    Args:
+        drafter: the module.
+        out_dir: destination folder (created).
+        dtype: cast floating tensors to this dtype (``d2t``/``t2d`` keep int64/bool).
+        include_embeddings: also store ``embed_tokens.weight`` (needed when dt != d).
+        extra_config: merged into the ``slimspec`` section (e.g. training provenance).
+
+    Returns:
+        The folder path.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, value in drafter.state_dict().items():
+        if key == EMBED_KEY and not include_embeddings:
+            continue
+        if key.startswith("rotary_emb."):
+            continue
+        t = value.detach().cpu()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        state[key] = t.contiguous()
+    float_dtype = next(t.dtype for t in state.values() if t.is_floating_point())
+    cfg = hf_config_dict(drafter.config, float_dtype)
+    if extra_config:
+        cfg[SLIMSPEC_SECTION].update(extra_config)
+    with atomic_path(out / WEIGHTS_NAME) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt", "producer": f"slimspec {__version__}"})
+    atomic_write_json(out / CONFIG_NAME, cfg)
+    return out

@@ -1,0 +1,108 @@
+"""The typer app, the error policy (our exceptions -> one line on stderr, exit code 2) and ``main``.
+
+Commands live in one module per area (``convert``, ``generate``, ``bench``, ``train``, ``fetch``),
+each registering on :data:`app` through :func:`command`, which wraps the command in the one
+error-to-exit-2 handler. Anything that is not one of :data:`USER_ERRORS` keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable
+
+import torch
+import typer
+
+app = typer.Typer(
+    name="slimspec",
+    help="Low-rank LM heads for EAGLE-3 drafters: convert, fine-tune, run and benchmark.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bench_app = typer.Typer(
+    help="Benchmarks: LM-head latency and end-to-end speculative decoding.", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
+
+
+def fail(err: BaseException) -> None:
+    """Print ``error: ...`` on one line to stderr and exit with code 2."""
+    typer.echo(f"error: {err}".replace("\n", " "), err=True)
+    raise typer.Exit(code=2)
+
+
+def command(name: str | None = None, on: typer.Typer = app) -> Callable:
+    """Register a command on ``on`` with the error policy: a user error exits 2 with one line."""
+
+    def register(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except USER_ERRORS as err:
+                fail(err)
+
+        return on.command(name)(wrapper)
+
+    return register
+
+
+def apply_threads(threads: int | None) -> None:
+    """``--threads``: torch CPU threads (None keeps torch's default).
+
+    Raises:
+        ValueError: threads < 1.
+    """
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads={threads}: expected >= 1")
+    torch.set_num_threads(threads)
+
+
+def csv_items(text: str, what: str) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")``.
+
+    Raises:
+        ValueError: an empty list.
+    """
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise ValueError(f"{what}={text!r}: expected a comma-separated list")
+    return items
+
+
+def csv_ints(text: str, what: str) -> tuple[int, ...]:
+    """``"1,64"`` -> ``(1, 64)``.
+
+    Raises:
+        ValueError: an item that is not an integer.
+    """
+    try:
+        return tuple(int(x) for x in csv_items(text, what))
+    except ValueError as e:
+        raise ValueError(f"{what}={text!r}: expected comma-separated integers") from e
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except USER_ERRORS as err:  # raised outside a command's own handler
+        typer.echo(f"error: {err}".replace("\n", " "), err=True)
+        sys.exit(2)
+
+
+def default(cls: type, name: str):
+    """The default of field ``name`` of dataclass ``cls`` (for configs with required fields)."""
+    f = cls.__dataclass_fields__[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise KeyError(f"{cls.__name__}.{name} has no default")

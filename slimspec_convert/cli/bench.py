@@ -1,0 +1,257 @@
+"""CLI commands: ``bench head``, ``bench e2e``, ``trim``, ``rank-sweep``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from slimspec_convert.cli.app import apply_threads, bench_app, command, csv_ints, csv_items, default
+from slimspec_convert.measure.e2e import BenchE2EConfig
+from slimspec_convert.measure.head_latency import BenchHeadConfig, HeadBenchRow, bench_head
+from slimspec_convert.measure.tables import e2e_markdown, fmt_number
+from slimspec_convert.workflows.bench import bench_e2e, head_shapes
+from slimspec_convert.workflows.rank_sweep import RankSweepConfig, rank_sweep, sweep_markdown
+from slimspec_convert.workflows.trim import TrimConfig, trim_checkpoint
+
+_HEAD, _SWEEP = BenchHeadConfig(), RankSweepConfig()
+
+
+def _csv(values: tuple) -> str:
+    return ",".join(str(v) for v in values)
+
+
+@command("head", on=bench_app)
+def bench_head_cmd(
+    hidden_size: Annotated[int | None, typer.Option(help="d of one head shape (with --vocab-size)")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="V of one head shape (with --hidden-size)")] = None,
+    drafter: Annotated[
+        Path | None, typer.Option(help="time this drafter's head shape (its config.json)")
+    ] = None,
+    ranks: Annotated[str, typer.Option(help="comma list of ranks or d/N, e.g. 512,d/16")] = _csv(_HEAD.ranks),
+    batch_sizes: Annotated[str, typer.Option(help="comma list of batch sizes (tokens per call)")] = _csv(
+        _HEAD.batch_sizes
+    ),
+    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = _HEAD.dtype,
+    trimmed_rows: Annotated[
+        int, typer.Option(help="rows of the trimmed head (0 = skip)")
+    ] = _HEAD.trimmed_rows,
+    repeats: Annotated[int, typer.Option(help="most timed interleaved rounds")] = _HEAD.repeats,
+    warmup: Annotated[int, typer.Option(help="untimed warm-up rounds")] = _HEAD.warmup,
+    budget_s: Annotated[float, typer.Option(help="timed seconds per shape and batch size")] = _HEAD.budget_s,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = _HEAD.device,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print rows as JSON")] = False,
+) -> None:
+    """Latency of the full, low-rank and trimmed LM heads (median of interleaved runs, same-run ratios)."""
+    apply_threads(threads)
+    cfg = BenchHeadConfig(
+        shapes=head_shapes(drafter, hidden_size, vocab_size),
+        ranks=csv_items(ranks, "--ranks"),
+        batch_sizes=csv_ints(batch_sizes, "--batch-sizes"),
+        dtype=dtype,
+        trimmed_rows=trimmed_rows,
+        repeats=repeats,
+        warmup=warmup,
+        budget_s=budget_s,
+        device=device,
+    )
+    rows = bench_head(cfg, progress=lambda line: typer.echo(line, err=True))
+    load_1m = os.getloadavg()[0]
+    if json_out:
+        typer.echo(json.dumps([{**r.to_dict(), "load_1m": load_1m} for r in rows], indent=2))
+        return
+    _print_head_rows(rows)
+    typer.echo(
+        f"ideal = d V / (r (d + V)) (FLOPs and weight bytes); module/bare = LowRankHead / two bare matmuls; "
+        f"1-min load average {load_1m:.2f}"
+    )
+
+
+def _print_head_rows(rows: list[HeadBenchRow]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"LM head latency, ms per call (median), {rows[0].device}, {rows[0].threads} threads")
+    for col in (
+        "d",
+        "V",
+        "r",
+        "batch",
+        "dtype",
+        "full",
+        "low-rank",
+        "speedup",
+        "ideal",
+        "matmul speedup",
+        "module/bare",
+        f"trimmed {rows[0].trimmed_rows or ''}",
+        "rounds",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r.hidden_size),
+            str(r.vocab_size),
+            str(r.rank),
+            str(r.batch_size),
+            r.dtype,
+            fmt_number(r.full_ms),
+            fmt_number(r.lowrank_ms),
+            f"{r.speedup:.2f}x",
+            f"{r.ideal_speedup:.2f}x",
+            f"{r.matmul_speedup:.2f}x",
+            f"{r.lowrank_overhead:.3f}",
+            fmt_number(r.trimmed_ms),
+            str(r.repeats),
+        )
+    console = Console()
+    if not console.is_terminal:  # piped output: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)
+
+
+@command("trim")
+def trim_cmd(
+    src: Annotated[Path, typer.Argument(help="full-vocabulary (or trimmed) SlimSpec drafter folder")],
+    out: Annotated[Path, typer.Argument(help="output folder")],
+    draft_vocab_size: Annotated[int, typer.Option(help="N, target ids to keep")],
+    data: Annotated[list[Path], typer.Option(help="calibration JSONL/JSON file (repeatable)")],
+    target: Annotated[str, typer.Option(help="target folder, .gguf or hub id (its tokenizer counts tokens)")],
+    max_length: Annotated[int, typer.Option(help="tokens per conversation")] = default(
+        TrimConfig, "max_length"
+    ),
+    dtype: Annotated[str | None, typer.Option(help="cast the written weights (bf16, fp16, fp32)")] = default(
+        TrimConfig, "dtype"
+    ),
+    force: Annotated[bool, typer.Option(help="overwrite an existing drafter in OUT")] = default(
+        TrimConfig, "force"
+    ),
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Static vocabulary trimming baseline: keep the N most frequent target tokens (EAGLE-3 d2t/t2d)."""
+    cfg = TrimConfig(
+        draft_vocab_size=draft_vocab_size,
+        data=tuple(str(p) for p in data),
+        target=target,
+        max_length=max_length,
+        dtype=dtype,
+        force=force,
+    )
+    report = trim_checkpoint(src, out, cfg)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())
+
+
+@command("rank-sweep")
+def rank_sweep_cmd(
+    target: Annotated[str, typer.Option(help="target folder, .gguf or hub id")],
+    drafter: Annotated[Path, typer.Option(help="SlimSpec drafter folder with a dense head")],
+    data: Annotated[list[Path], typer.Option(help="held-out conversations JSONL/JSON (repeatable)")],
+    out: Annotated[Path, typer.Option(help="output folder for JSON, markdown and PNGs")],
+    ranks: Annotated[str, typer.Option(help="comma list of ranks or d/N")] = _csv(_SWEEP.ranks),
+    kappa: Annotated[
+        float | None, typer.Option(help="full head / rest of a step; measured if omitted")
+    ] = _SWEEP.kappa,
+    num_draft_tokens: Annotated[
+        int, typer.Option(help="k of the chain model alpha -> tau")
+    ] = _SWEEP.num_draft_tokens,
+    max_examples: Annotated[int, typer.Option(help="held-out conversations used")] = _SWEEP.max_examples,
+    max_length: Annotated[int, typer.Option(help="tokens per conversation")] = _SWEEP.max_length,
+    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = _SWEEP.dtype,
+    repeats: Annotated[int, typer.Option(help="timed rounds per latency")] = _SWEEP.repeats,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    finetune_steps: Annotated[
+        int, typer.Option(help="head fine-tune steps per rank (0 = SVD only)")
+    ] = _SWEEP.finetune_steps,
+    finetune_data: Annotated[
+        list[Path] | None, typer.Option(help="training conversations for --finetune-steps (repeatable)")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = _SWEEP.force,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Sweep ranks: SVD error, held-out acceptance, head latency, predicted rho_TPS; recommend a rank."""
+    apply_threads(threads)
+    cfg = RankSweepConfig(
+        ranks=csv_items(ranks, "--ranks"),
+        kappa=kappa,
+        num_draft_tokens=num_draft_tokens,
+        max_examples=max_examples,
+        max_length=max_length,
+        dtype=dtype,
+        repeats=repeats,
+        force=force,
+        finetune_steps=finetune_steps,
+        finetune_data=tuple(str(p) for p in finetune_data or ()),
+    )
+    result = rank_sweep(target, drafter, [str(p) for p in data], out, cfg)
+    typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else sweep_markdown(result))
+
+
+def named_values(items: list[str], option: str, value=str) -> tuple[tuple[str, Any], ...]:
+    """Parse repeatable ``NAME=VALUE`` options; ``value`` converts VALUE.
+
+    Raises:
+        ValueError: an item without ``=``, an empty side, or a VALUE ``value`` refuses.
+    """
+    out = []
+    for item in items:
+        name, sep, raw = item.partition("=")
+        try:
+            if not sep or not name or not raw:
+                raise ValueError
+            out.append((name, value(raw)))
+        except ValueError:
+            kind = "PATH" if value is str else "K with an integer K"
+            raise ValueError(f"{option} {item!r}: expected NAME={kind}") from None
+    return tuple(out)
+
+
+@command("e2e", on=bench_app)
+def bench_e2e_cmd(
+    target: Annotated[str, typer.Option(help="target folder, .gguf or hub id")],
+    drafter: Annotated[list[str], typer.Option(help="NAME=PATH of a drafter (repeatable)")],
+    prompts: Annotated[Path, typer.Option(help="JSONL prompts ({'prompt'} or MT-Bench {'turns'})")],
+    out: Annotated[Path, typer.Option(help="output folder for JSON, markdown and PNG")],
+    max_new_tokens: Annotated[int, typer.Option(help="new tokens per prompt")] = default(
+        BenchE2EConfig, "max_new_tokens"
+    ),
+    batch_size: Annotated[int, typer.Option(help="prompts decoded together")] = default(
+        BenchE2EConfig, "batch_size"
+    ),
+    draft: Annotated[str, typer.Option(help="tree or chain")] = default(BenchE2EConfig, "draft_method"),
+    max_prompts: Annotated[int, typer.Option(help="first N prompts of the file")] = default(
+        BenchE2EConfig, "max_prompts"
+    ),
+    reference: Annotated[
+        str | None, typer.Option(help="full-head drafter NAME for kappa/nu/rho_tau")
+    ] = default(BenchE2EConfig, "reference"),
+    rerank: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=K: rescore that low-rank drafter's top-K logits exactly (repeatable)"),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = default(BenchE2EConfig, "dtype"),
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Plain decoding vs each drafter on the same prompts, interleaved: tau, tokens/s, cost model check."""
+    apply_threads(threads)
+    cfg = BenchE2EConfig(
+        drafters=named_values(drafter, "--drafter"),
+        rerank=named_values(rerank or [], "--rerank", int),
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        draft_method=draft,
+        max_prompts=max_prompts,
+        reference=reference,
+        dtype=dtype,
+        force=force,
+    )
+    result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
+    if json_out:
+        typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
+    else:
+        typer.echo(e2e_markdown(result))

@@ -1,0 +1,98 @@
+"""CLI commands: ``inspect`` and ``convert``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slimspec_convert.checkpoint.load import inspect_drafter
+from slimspec_convert.cli.app import command
+from slimspec_convert.workflows.convert import ConvertConfig
+from slimspec_convert.workflows.convert import convert as convert_checkpoint
+
+_D = ConvertConfig()
+
+
+@command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="drafter folder (any EAGLE-3 layout)")],
+    target: Annotated[
+        str | None, typer.Option(help="target folder (only to resolve aux-layer conventions)")
+    ] = None,
+    norm_output_semantics: Annotated[
+        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+    ] = _D.norm_output_semantics,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Detect a drafter's layout and print its geometry, flags, vocabulary maps and provenance."""
+    report = inspect_drafter(path, target, norm_output_semantics=norm_output_semantics)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())
+
+
+@command()
+def convert(
+    src: Annotated[Path, typer.Argument(help="source drafter folder (any EAGLE-3 layout)")],
+    out: Annotated[Path, typer.Argument(help="output folder (must not exist unless --force)")],
+    rank: Annotated[int | None, typer.Option(help="kept rank r (1 <= r <= min(V_d, d))")] = _D.rank,
+    rank_fraction: Annotated[
+        float | None, typer.Option(help="r = round(F * d); default d/8")
+    ] = _D.rank_fraction,
+    energy: Annotated[
+        float | None, typer.Option(help="smallest r keeping this share of spectral energy")
+    ] = _D.energy,
+    target: Annotated[
+        str | None, typer.Option(help="target folder: rows for --full-vocab, states for calibration")
+    ] = _D.target,
+    full_vocab: Annotated[
+        bool, typer.Option("--full-vocab", help="trimmed head -> full-vocabulary head")
+    ] = _D.full_vocab,
+    dtype: Annotated[
+        str | None, typer.Option(help="factor dtype: float32, bfloat16, float16 (default: source)")
+    ] = _D.dtype,
+    svd: Annotated[str, typer.Option(help="auto | exact | randomized")] = _D.svd,
+    svd_niter: Annotated[int, typer.Option(help="extra Krylov blocks (randomized SVD)")] = _D.svd_niter,
+    norm_output_semantics: Annotated[
+        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+    ] = _D.norm_output_semantics,
+    calibration_data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="training-format file(s): fit the factors to the drafter's real hidden states "
+            "(minimise the expected logit error; needs --target; repeatable)"
+        ),
+    ] = None,
+    calibration_samples: Annotated[
+        int, typer.Option(help="conversations drawn from --calibration-data")
+    ] = _D.calibration_samples,
+    calibration_damp: Annotated[
+        float, typer.Option(help="damping of the calibration moment, relative to its mean eigenvalue")
+    ] = _D.calibration_damp,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = _D.force,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Replace a drafter's lm_head by W_up @ W_down of rank r (truncated SVD) and write an HF folder.
+
+    With --calibration-data the factors are the truncated SVD of W C^(1/2) mapped back, where C is
+    the second moment of the drafter's lm_head input on that data: the rank-r head with the
+    smallest expected logit error, usually a much better start for the recovery fine-tune.
+    """
+    cfg = ConvertConfig(
+        rank=rank,
+        rank_fraction=rank_fraction,
+        energy=energy,
+        full_vocab=full_vocab,
+        target=target,
+        dtype=dtype,
+        force=force,
+        svd=svd,
+        svd_niter=svd_niter,
+        norm_output_semantics=norm_output_semantics,
+        calibration_damp=calibration_damp,
+        calibration_data=tuple(str(p) for p in calibration_data or ()),
+        calibration_samples=calibration_samples,
+    )
+    report = convert_checkpoint(src, out, cfg)
+    typer.echo(report.to_json() if json_out else report.summary())

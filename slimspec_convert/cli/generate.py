@@ -1,0 +1,123 @@
+"""CLI command ``slimspec generate``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slimspec_convert.cli.app import apply_threads, command
+from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.decoding.results import GenerationResult
+from slimspec_convert.workflows.generate import generate_from_paths
+
+_DRAFT, _SAMPLING, _GEN = DraftConfig(), SamplingConfig(), GenerateConfig()
+
+
+@command()
+def generate(
+    target: Annotated[str, typer.Option(help="target: HF folder, .gguf file or hub id")],
+    drafter: Annotated[
+        str, typer.Option(help="drafter folder (any EAGLE-3 layout), or 'none' for the target alone")
+    ],
+    prompt: Annotated[str | None, typer.Option(help="one prompt")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="JSONL with 'prompt' or MT-Bench 'turns'")] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat/--no-chat", help="apply the target's chat template")
+    ] = _GEN.chat,
+    system_prompt: Annotated[
+        str | None, typer.Option(help="system message (default: the template's)")
+    ] = _GEN.system_prompt,
+    all_turns: Annotated[
+        bool, typer.Option("--all-turns", help="run every MT-Bench turn as a conversation")
+    ] = _GEN.all_turns,
+    limit: Annotated[
+        int | None, typer.Option(help="use only the first N prompts of --prompts")
+    ] = _GEN.max_prompts,
+    max_new_tokens: Annotated[
+        int, typer.Option(help="new tokens per prompt at most")
+    ] = _SAMPLING.max_new_tokens,
+    temperature: Annotated[
+        float, typer.Option(help="0 = greedy; > 0 = lossless speculative sampling")
+    ] = _SAMPLING.temperature,
+    top_p: Annotated[float, typer.Option(help="nucleus mass P (0 < P <= 1)")] = _SAMPLING.top_p,
+    seed: Annotated[
+        int, typer.Option(help="sampling seed (each prompt gets its own generator)")
+    ] = _SAMPLING.seed,
+    draft: Annotated[str, typer.Option(help="tree (EAGLE-2/3 dynamic tree) or chain")] = _DRAFT.method,
+    depth: Annotated[int, typer.Option(help="draft depth; for a chain, k tokens per round")] = _DRAFT.depth,
+    top_k: Annotated[
+        int, typer.Option(help="tree: nodes expanded per level and children per node")
+    ] = _DRAFT.top_k,
+    total_tokens: Annotated[
+        int, typer.Option(help="tree: draft nodes verified per round (root excluded)")
+    ] = _DRAFT.total_tokens,
+    batch_size: Annotated[int, typer.Option(help="prompts decoded together (left-padded)")] = _GEN.batch_size,
+    rerank: Annotated[
+        int,
+        typer.Option(help="low-rank head: rescore its top-K logits with the embedding rows (0 = off)"),
+    ] = _GEN.rerank,
+    dtype: Annotated[
+        str, typer.Option(help="target and drafter dtype: float32, bfloat16, float16")
+    ] = _GEN.dtype,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print one JSON list, one object per prompt")
+    ] = False,
+) -> None:
+    """Generate with the target alone or with an EAGLE-3 drafter (greedy output = the target's)."""
+    apply_threads(threads)
+    gcfg = GenerateConfig(
+        chat=chat,
+        system_prompt=system_prompt,
+        all_turns=all_turns,
+        batch_size=batch_size,
+        dtype=dtype,
+        max_prompts=limit,
+        rerank=rerank,
+    )
+    dcfg = DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg)
+    if json_out:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
+        return
+    _print_results(results)
+
+
+def _print_results(results: list[GenerationResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="slimspec generate (tau = accepted drafts + 1 bonus per target verification)")
+    for col in (
+        "#",
+        "prompt",
+        "new tokens",
+        "cycles",
+        "tau",
+        "tokens/s",
+        "target ms",
+        "drafter ms",
+        "head ms",
+    ):
+        table.add_column(col, justify="left" if col == "prompt" else "right")
+    for i, r in enumerate(results):
+        s = r.stats
+        console.rule(f"[{i}] {(r.prompt or '')[:70]}")
+        console.print(r.text if r.text is not None else r.output_ids, markup=False, highlight=False)
+        table.add_row(
+            str(i),
+            (r.prompt or "")[:40],
+            str(s.new_tokens),
+            str(s.cycles),
+            "-" if s.tau is None else f"{s.tau:.2f}",
+            f"{s.tokens_per_s:.1f}",
+            f"{s.target_ms:.0f}",
+            f"{s.drafter_backbone_ms:.0f}",
+            f"{s.drafter_head_ms:.0f}",
+        )
+    console.print(table)

@@ -1,0 +1,190 @@
+"""Conversations -> token ids with an assistant-only loss mask -> batches; held-out splits.
+
+Chat rendering uses the target's own template; the loss mask marks the assistant tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from slimspec_convert.data.records import DataError, DataStats, Message, has_assistant, read_conversations
+from slimspec_convert.data.self_distill import complete_prompts
+
+logger = logging.getLogger(__name__)
+
+
+def encode_conversation(
+    tokenizer, conv: list[Message], max_length: int
+) -> tuple[Tensor, Tensor, bool] | None:
+    """Render with the tokenizer's chat template and mark assistant tokens.
+
+    The rendered text of each prefix must be a prefix of the whole rendering (true of
+    ChatML/Llama/Qwen templates); assistant tokens are located by character offsets of one
+    tokenisation of the whole text, so token boundaries are never split.
+
+    Args:
+        tokenizer: a fast HF tokenizer with a chat template.
+        conv: messages.
+        max_length: truncate to this many tokens.
+
+    Returns:
+        (input_ids [T] int64, loss_mask [T] bool, truncated) or None when no assistant token is left.
+
+    Raises:
+        DataError: the chat template renders a prefix that is not a prefix of the whole.
+    """
+    full = tokenizer.apply_chat_template(conv, tokenize=False)
+    spans = []
+    for i, m in enumerate(conv):
+        if m["role"] != "assistant":
+            continue
+        before = (
+            tokenizer.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        )
+        upto = tokenizer.apply_chat_template(conv[: i + 1], tokenize=False)
+        if not full.startswith(upto) or not upto.startswith(before):
+            raise DataError("chat template is not prefix-stable; cannot locate assistant tokens")
+        spans.append((len(before), len(upto)))
+    if not spans:
+        return None
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
+    starts = torch.tensor([o[0] for o in enc["offset_mapping"]], dtype=torch.int64)
+    mask = torch.zeros(ids.numel(), dtype=torch.bool)
+    for a, b in spans:
+        mask |= (starts >= a) & (starts < b)
+    truncated = ids.numel() > max_length
+    ids, mask = ids[:max_length], mask[:max_length]
+    if not bool(mask.any()):
+        return None
+    return ids, mask, truncated
+
+
+@dataclass
+class Example:
+    """One tokenised conversation: ``input_ids`` [T] int64, ``loss_mask`` [T] bool."""
+
+    input_ids: Tensor
+    loss_mask: Tensor
+
+
+def build_examples(
+    tokenizer, convs: list[list[Message]], max_length: int, stats: DataStats | None = None
+) -> list[Example]:
+    """Encode every conversation with an assistant turn; count the rest as skipped."""
+    stats = stats if stats is not None else DataStats()
+    out = []
+    for conv in convs:
+        if not has_assistant(conv):
+            stats.skipped_no_assistant += 1
+            continue
+        enc = encode_conversation(tokenizer, conv, max_length)
+        if enc is None:
+            stats.skipped_empty += 1
+            continue
+        ids, mask, truncated = enc
+        stats.truncated += int(truncated)
+        stats.kept += 1
+        stats.supervised_tokens += int(mask.sum())
+        out.append(Example(ids, mask))
+    return out
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad a list of examples.
+
+    Returns:
+        ``input_ids`` [B, T] int64, ``loss_mask`` [B, T] bool, ``attention_mask`` [B, T] int64.
+    """
+    T = max(e.input_ids.numel() for e in examples)
+    B = len(examples)
+    ids = torch.full((B, T), pad_id, dtype=torch.int64)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    attn = torch.zeros(B, T, dtype=torch.int64)
+    for i, e in enumerate(examples):
+        n = e.input_ids.numel()
+        ids[i, :n] = e.input_ids
+        mask[i, :n] = e.loss_mask
+        attn[i, :n] = 1
+    return {"input_ids": ids, "loss_mask": mask, "attention_mask": attn}
+
+
+def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Example indices of global batch ``step`` (deterministic: a fresh permutation per epoch).
+
+    The same (num_examples, batch_size, step, seed) always gives the same batch, which makes
+    ``--resume`` exact.
+    """
+    if num_examples <= 0:
+        raise DataError("no training examples left after filtering")
+    per_epoch = max(1, num_examples // batch_size)
+    epoch, k = divmod(step, per_epoch)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(num_examples, generator=g)
+    idx = perm[k * batch_size : (k + 1) * batch_size].tolist()
+    while len(idx) < batch_size:  # fewer examples than one batch
+        idx += perm[: batch_size - len(idx)].tolist()
+    return idx
+
+
+def token_counts(examples: list[Example], vocab_size: int) -> Tensor:
+    """[V_t] int64 counts of supervised (loss-masked) tokens, for building a draft vocabulary."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for e in examples:
+        counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab_size)
+    return counts
+
+
+def load_examples(
+    tokenizer,
+    data: list[str | Path],
+    max_length: int,
+    *,
+    target_model=None,
+    self_distill: bool = False,
+    cache_dir: Path | None = None,
+    max_new_tokens: int = 256,
+) -> tuple[list[Example], DataStats]:
+    """Read, optionally complete (self-distillation) and tokenise training files.
+
+    Args:
+        tokenizer: the target's tokenizer (chat template).
+        data: JSONL/JSON files in any format :func:`read_conversations` reads.
+        max_length: tokens kept per conversation.
+        target_model, self_distill, cache_dir, max_new_tokens: let the target answer prompt-only
+            records (cached in ``cache_dir``).
+
+    Returns:
+        (examples, stats).
+
+    Raises:
+        ValueError: no usable conversation (with the counts of what was skipped), bad data lines.
+    """
+    stats = DataStats()
+    convs = read_conversations(list(data), stats)
+    if self_distill:
+        if target_model is None or cache_dir is None:
+            raise ValueError("self-distillation needs the target model and a cache folder")
+        convs = complete_prompts(
+            target_model, tokenizer, convs, cache_dir / "self_distill.jsonl", max_new_tokens=max_new_tokens
+        )
+    examples = build_examples(tokenizer, convs, max_length, stats)
+    if not examples:
+        raise ValueError(f"{', '.join(map(str, data))}: no usable conversation ({stats.summary()})")
+    logger.info("data: %s", stats.summary())
+    return examples, stats
+
+
+def split_heldout(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Deterministic train / held-out split (at least one held-out example)."""
+    g = torch.Generator().manual_seed(seed + 7)
+    perm = torch.randperm(len(examples), generator=g).tolist()
+    n_eval = max(1, int(len(examples) * fraction))
+    if n_eval >= len(examples):
+        raise ValueError(f"only {len(examples)} examples: too few to hold some out for evaluation")
+    return [examples[i] for i in perm[n_eval:]], [examples[i] for i in perm[:n_eval]]

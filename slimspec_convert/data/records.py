@@ -1,0 +1,168 @@
+"""Training data: files -> conversations -> token ids with an assistant-only loss mask -> batches.
+
+Accepted record formats (``.jsonl`` one record per line, or ``.json`` holding an array):
+
+* OpenAI ``{"messages": [{"role", "content"}, ...]}``
+* ShareGPT ``{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}``
+* GSM8K ``{"question", "answer"}``; GPTeacher ``{"instruction", "input", "response"}``;
+  Self-Instruct ``{"instruction", "instances": [{"input", "output"}]}`` (one conversation per instance)
+* OpenAssistant trees ``{"prompt": {"role": "prompter", "text", "replies": [...]}}`` (every
+  root-to-leaf path is a conversation)
+* prompts only: a bare JSON string, ``{"prompt": str}`` or MT-Bench ``{"turns": [...]}``; these have
+  no assistant turn and are either completed by the target (self-distillation) or skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Message = dict[str, str]
+
+
+ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "prompter": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+}
+
+
+class DataError(ValueError):
+    """Unusable training data; the message names the file and line."""
+
+
+@dataclass
+class DataStats:
+    """Counts of what was read, kept and skipped (reported at the end of data loading)."""
+
+    records: int = 0
+    conversations: int = 0
+    kept: int = 0
+    skipped_no_assistant: int = 0
+    skipped_empty: int = 0
+    truncated: int = 0
+    supervised_tokens: int = 0
+    files: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line of counts."""
+        return (
+            f"{self.records} records -> {self.conversations} conversations, kept {self.kept}, "
+            f"skipped {self.skipped_no_assistant} without an assistant turn and {self.skipped_empty} empty, "
+            f"truncated {self.truncated}; {self.supervised_tokens} supervised tokens"
+        )
+
+
+def _read_records(path: Path) -> Iterator[tuple[int, object]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: data file not found")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DataError(f"{path}: file is empty")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
+        if not isinstance(data, list):
+            raise DataError(f"{path}: a .json data file must hold an array of records")
+        yield from ((i + 1, rec) for i, rec in enumerate(data))
+        return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from e
+
+
+def _oasst_paths(node: dict, prefix: list[Message]) -> Iterator[list[Message]]:
+    msg = {"role": ROLE_MAP.get(node.get("role", ""), "user"), "content": node.get("text", "")}
+    convo = prefix + [msg]
+    replies = [r for r in node.get("replies", []) if not r.get("deleted")]
+    if not replies:
+        yield convo
+    for r in replies:
+        yield from _oasst_paths(r, convo)
+
+
+def record_to_conversations(rec: object, where: str) -> list[list[Message]]:
+    """Normalise one record of any accepted format into OpenAI-style message lists.
+
+    Raises:
+        DataError: unknown record shape (message names ``where`` = file:line).
+    """
+    if isinstance(rec, str):
+        return [[{"role": "user", "content": rec}]]
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: record is a {type(rec).__name__}, expected an object or a string")
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in msgs
+        ):
+            raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+        return [[{"role": ROLE_MAP.get(m["role"], m["role"]), "content": str(m["content"])} for m in msgs]]
+    if "conversations" in rec:
+        conv = rec["conversations"]
+        if not isinstance(conv, list) or not all(
+            isinstance(m, dict) and "from" in m and "value" in m for m in conv
+        ):
+            raise DataError(f"{where}: 'conversations' must be a list of {{from, value}} objects")
+        return [[{"role": ROLE_MAP.get(m["from"], "user"), "content": str(m["value"])} for m in conv]]
+    if "question" in rec and "answer" in rec:
+        return [
+            [{"role": "user", "content": rec["question"]}, {"role": "assistant", "content": rec["answer"]}]
+        ]
+    if "instruction" in rec and "response" in rec:
+        user = rec["instruction"] + (f"\n\n{rec['input']}" if rec.get("input") else "")
+        return [[{"role": "user", "content": user}, {"role": "assistant", "content": rec["response"]}]]
+    if "instruction" in rec and "instances" in rec:
+        out = []
+        for inst in rec["instances"]:
+            user = rec["instruction"] + (f"\n\n{inst['input']}" if inst.get("input") else "")
+            out.append(
+                [{"role": "user", "content": user}, {"role": "assistant", "content": inst.get("output", "")}]
+            )
+        return out
+    if "prompt" in rec and isinstance(rec["prompt"], dict):
+        return list(_oasst_paths(rec["prompt"], []))
+    if "prompt" in rec and isinstance(rec["prompt"], str):
+        return [[{"role": "user", "content": rec["prompt"]}]]
+    if "turns" in rec and isinstance(rec["turns"], list) and rec["turns"]:
+        return [[{"role": "user", "content": str(rec["turns"][0])}]]
+    raise DataError(f"{where}: unknown record format with keys {sorted(rec)[:8]}")
+
+
+def read_conversations(paths: list[str | Path], stats: DataStats | None = None) -> list[list[Message]]:
+    """All conversations of the given files, in file order.
+
+    Raises:
+        FileNotFoundError: a missing file.
+        DataError: empty file, malformed line, unknown record shape (names file:line).
+    """
+    stats = stats if stats is not None else DataStats()
+    out: list[list[Message]] = []
+    for p in paths:
+        path = Path(p)
+        stats.files.append(str(path))
+        for lineno, rec in _read_records(path):
+            stats.records += 1
+            convs = record_to_conversations(rec, f"{path}:{lineno}")
+            stats.conversations += len(convs)
+            out.extend(convs)
+    return out
+
+
+def has_assistant(conv: list[Message]) -> bool:
+    """True when some message has role ``assistant``."""
+    return any(m["role"] == "assistant" for m in conv)

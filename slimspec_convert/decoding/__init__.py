@@ -1,0 +1,26 @@
+"""Lossless speculative decoding: the pure math of a round (``speculative``), the drafter runner, the
+batch state, the generator, prompts and results.
+"""
+
+from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.prompts import load_prompts
+from slimspec_convert.decoding.results import GenerationResult, GenerationStats
+from slimspec_convert.decoding.speculative import (
+    expected_acceptance_terms,
+    tau_from_committed,
+    top1_agreement,
+)
+
+__all__ = [
+    "DraftConfig",
+    "GenerateConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "SamplingConfig",
+    "SpeculativeGenerator",
+    "expected_acceptance_terms",
+    "load_prompts",
+    "tau_from_committed",
+    "top1_agreement",
+]

@@ -1,0 +1,78 @@
+"""How to decode: the draft shape (:class:`DraftConfig`), sampling (:class:`SamplingConfig`) and
+``slimspec generate``'s own options (:class:`GenerateConfig`). Each validates itself and names the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slimspec_convert.dtypes import check_dtype_name
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """How the drafter proposes tokens each round (EAGLE-2/3 dynamic tree, or a chain).
+
+    ``depth`` draft steps; tree drafting expands the ``top_k`` best nodes per step and keeps the
+    ``total_tokens`` best by cumulative log-probability (EAGLE's ``total_token`` minus the root).
+    CPU defaults were chosen by measurement (PAPER.md: a 60-token tree costs 3x a 1-token step).
+    """
+
+    method: str = "tree"
+    depth: int = 5
+    top_k: int = 4
+    total_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method not in ("tree", "chain"):
+            raise ValueError(f"DraftConfig.method={self.method!r}: expected tree or chain")
+        if self.depth < 1:
+            raise ValueError(f"DraftConfig.depth={self.depth}: expected >= 1")
+        if self.top_k < 1:
+            raise ValueError(f"DraftConfig.top_k={self.top_k}: expected >= 1")
+        if self.total_tokens < 1:
+            raise ValueError(f"DraftConfig.total_tokens={self.total_tokens}: expected >= 1")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Decoding: temperature 0 is greedy; otherwise lossless speculative sampling with top-p."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature={self.temperature}: expected >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p={self.top_p}: expected 0 < P <= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: expected >= 1")
+
+
+# ---- generate (issue 3) --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Options of ``slimspec generate`` besides drafting (:class:`DraftConfig`) and decoding
+    (:class:`SamplingConfig`): prompt handling, batching and the target dtype."""
+
+    chat: bool = True
+    system_prompt: str | None = None  # None keeps the chat template's own default
+    all_turns: bool = False
+    batch_size: int = 1
+    dtype: str = "float32"
+    max_prompts: int | None = None
+    rerank: int = 0  # low-rank head: rescore its top-k logits exactly (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.rerank < 0:
+            raise ValueError(f"GenerateConfig.rerank={self.rerank}: expected >= 0 (0 = off)")
+        if self.batch_size < 1:
+            raise ValueError(f"GenerateConfig.batch_size={self.batch_size}: expected >= 1")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ValueError(f"GenerateConfig.max_prompts={self.max_prompts}: expected >= 1")
+        if self.all_turns and not self.chat:
+            raise ValueError("GenerateConfig.all_turns needs chat (multi-turn prompts use the chat template)")
+        check_dtype_name("GenerateConfig", self.dtype)

@@ -1,0 +1,292 @@
+"""End-to-end benchmark: plain decoding and several drafters on the same prompts, interleaved, greedy.
+
+For each batch of prompts every configuration runs once, in an order rotated per batch, so machine
+drift hits all of them alike. Reported per configuration: tau (accepted drafts + 1 bonus per
+verification), tokens/s, speedup over plain decoding, per-round stage milliseconds, and the lossless
+check (greedy outputs identical to plain decoding). Against the full-head reference drafter the
+cost model's inputs are measured in the same run:
+
+* ``kappa = head_ms / (wall_ms - head_ms)`` of the reference (whole run, prefill included, so that it
+  matches the measured tokens/s ratio it predicts);
+* ``nu = (head_ms / rounds)_new / (head_ms / rounds)_ref``: both drafters use the same draft shape, so
+  head calls per round are equal and this is the per-call ratio;
+* ``rho_tau = tau_new / tau_ref``; predicted ``rho_TPS`` (SlimSpec section 3) beside the measured
+  tokens/s ratio.
+
+:func:`measure_kappa` estimates kappa without decoding, from interleaved timings of the stages of one
+chain step (used by ``rank-sweep``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.results import GenerationResult
+from slimspec_convert.dtypes import check_dtype_name
+from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.model.head import LowRankHead
+from slimspec_convert.version import __version__
+
+DEFAULT_E2E_MAX_NEW_TOKENS = 64
+
+
+DEFAULT_E2E_MAX_PROMPTS = 8
+
+
+DEFAULT_E2E_WARMUP_TOKENS = 8
+
+
+E2E_PLAIN_NAME = "none"  # the plain target-decoding baseline in bench e2e
+
+
+@dataclass(frozen=True)
+class BenchE2EConfig:
+    """Options of ``slimspec bench e2e``: drafters (name, path) timed against plain decoding, greedy.
+
+    ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
+    drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
+    drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
+    """
+
+    drafters: tuple[tuple[str, str], ...]
+    rerank: tuple[tuple[str, int], ...] = ()
+    max_new_tokens: int = DEFAULT_E2E_MAX_NEW_TOKENS
+    batch_size: int = 1
+    draft_method: str = "tree"
+    max_prompts: int = DEFAULT_E2E_MAX_PROMPTS
+    dtype: str = "float32"
+    reference: str | None = None
+    warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.drafters:
+            raise ValueError("BenchE2EConfig.drafters is empty: give at least one --drafter NAME=PATH")
+        names = [n for n, _ in self.drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"BenchE2EConfig.drafters: duplicate names in {names}")
+        if E2E_PLAIN_NAME in names:
+            raise ValueError(
+                f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
+                "(always run); pick another name"
+            )
+        if self.reference is not None and self.reference not in names:
+            raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
+        for name, k in self.rerank:
+            if name not in names:
+                raise ValueError(f"BenchE2EConfig.rerank: {name!r} is not one of the drafters {names}")
+            if not isinstance(k, int) or k < 1:
+                raise ValueError(f"BenchE2EConfig.rerank: {name}={k!r}, expected an integer k >= 1")
+        for name in ("max_new_tokens", "batch_size", "max_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")
+        if self.warmup_tokens < 0:
+            raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
+        DraftConfig(method=self.draft_method)  # validates the method name
+        check_dtype_name("BenchE2EConfig", self.dtype)
+
+
+def head_kind(drafter: Eagle3Drafter | None) -> str:
+    """``plain`` (no drafter), ``full``, ``lowrank``, ``trimmed`` or ``lowrank+trimmed``."""
+    if drafter is None:
+        return "plain"
+    low = isinstance(drafter.lm_head, LowRankHead)
+    trimmed = drafter.d2t is not None
+    return {(False, False): "full", (True, False): "lowrank", (False, True): "trimmed"}.get(
+        (low, trimmed), "lowrank+trimmed"
+    )
+
+
+@dataclass(frozen=True)
+class E2ERow:
+    """One configuration's totals over all prompts (ms are wall-clock; per-round = per verification).
+
+    ``nu``, ``rho_tau``, ``predicted_rho_tps`` and ``measured_rho_tps`` are relative to the reference
+    drafter (None for plain decoding or when there is no full-head reference).
+    """
+
+    name: str
+    kind: str
+    rank: int | None
+    draft_vocab_size: int | None
+    tau: float | None
+    new_tokens: int
+    rounds: int
+    wall_ms: float
+    tokens_per_s: float
+    speedup: float
+    target_ms_per_round: float | None
+    backbone_ms_per_round: float | None
+    head_ms_per_round: float | None
+    overhead_ms_per_round: float | None
+    head_ms: float
+    lossless: bool | None
+    num_mismatched_prompts: int
+    nu: float | None = None
+    rho_tau: float | None = None
+    predicted_rho_tps: float | None = None
+    measured_rho_tps: float | None = None
+    rerank_k: int = 0  # shortlist rerank of a low-rank head (LowRankHead.set_rerank), 0 = off
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    """Everything ``bench e2e`` reports."""
+
+    rows: tuple[E2ERow, ...]
+    reference: str | None
+    kappa: float | None
+    num_prompts: int
+    config: dict
+    per_prompt: dict[str, list[dict]]
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with the package version."""
+        return {**asdict(self), "version": __version__}
+
+
+@dataclass
+class _Totals:
+    wall_ms: float = 0.0
+    new_tokens: int = 0
+    committed: int = 0
+    cycles: int = 0
+    rounds: int = 0
+    target_ms: float = 0.0
+    backbone_ms: float = 0.0
+    head_ms: float = 0.0
+    overhead_ms: float = 0.0
+
+    def add(self, results: list[GenerationResult], wall_ms: float) -> None:
+        self.wall_ms += wall_ms
+        last = max(results, key=lambda r: r.stats.wall_ms)  # batch-level times up to the last row's end
+        self.target_ms += last.stats.target_ms
+        self.backbone_ms += last.stats.drafter_backbone_ms
+        self.head_ms += last.stats.drafter_head_ms
+        self.overhead_ms += last.stats.overhead_ms
+        self.rounds += max(r.stats.cycles for r in results)
+        for r in results:
+            self.new_tokens += r.stats.new_tokens
+            self.committed += sum(r.stats.committed_per_cycle)
+            self.cycles += r.stats.cycles
+
+
+def run_e2e(
+    target_model,
+    tokenizer,
+    drafters: Mapping[str, Eagle3Drafter],
+    prompts: Sequence[str],
+    cfg: BenchE2EConfig,
+    progress: Callable[[str], None] | None = None,
+) -> E2EResult:
+    """Decode ``prompts`` with plain decoding and every drafter, interleaved per batch; compare.
+
+    Args:
+        target_model: HF causal LM (eval mode).
+        tokenizer: its tokenizer (chat template applied to the prompts).
+        drafters: name -> drafter, in report order.
+        prompts: user prompts.
+        cfg: decoding length, batch size, draft method, reference.
+        progress: called with a short line per batch.
+
+    Returns:
+        :class:`E2EResult` (plain decoding first).
+
+    Raises:
+        ValueError: a drafter that does not fit the target, or no prompts.
+    """
+    if not prompts:
+        raise ValueError("no prompts to benchmark")
+    draft = DraftConfig(method=cfg.draft_method)
+    configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
+
+    def generator(drafter, max_new_tokens):
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+        return SpeculativeGenerator(
+            target_model, tokenizer, drafter, draft, sampling, batch_size=cfg.batch_size
+        )
+
+    gens = {n: generator(d, cfg.max_new_tokens) for n, d in configs.items()}
+    if cfg.warmup_tokens:
+        for d in configs.values():
+            generator(d, cfg.warmup_tokens).generate(list(prompts[: cfg.batch_size]))
+    names = list(configs)
+    totals = {n: _Totals() for n in names}
+    outputs: dict[str, list[GenerationResult]] = {n: [] for n in names}
+    for j, lo in enumerate(range(0, len(prompts), cfg.batch_size)):
+        batch = list(prompts[lo : lo + cfg.batch_size])
+        if progress is not None:
+            progress(f"prompts {lo + 1}-{lo + len(batch)} of {len(prompts)}")
+        for i in range(len(names)):
+            name = names[(i + j) % len(names)]
+            t0 = time.perf_counter()
+            res = gens[name].generate(batch)
+            totals[name].add(res, (time.perf_counter() - t0) * 1e3)
+            outputs[name].extend(res)
+    return _summarise(configs, totals, outputs, cfg)
+
+
+def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
+    if cfg.reference is not None:
+        return cfg.reference
+    return next((n for n, d in configs.items() if head_kind(d) == "full"), None)
+
+
+def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig) -> E2EResult:
+    plain = outputs[E2E_PLAIN_NAME]
+    tps = {n: t.new_tokens / (t.wall_ms / 1e3) for n, t in totals.items()}
+    ref = _reference(configs, cfg)
+    kappa = None
+    if ref is not None:
+        t = totals[ref]
+        kappa = t.head_ms / (t.wall_ms - t.head_ms)
+    rows = []
+    for name, drafter in configs.items():
+        t = totals[name]
+        mism = sum(a.output_ids != b.output_ids for a, b in zip(outputs[name], plain, strict=True))
+        low = drafter.lm_head if isinstance(getattr(drafter, "lm_head", None), LowRankHead) else None
+        row = dict(
+            name=name,
+            kind=head_kind(drafter),
+            rank=low.rank if low is not None else None,
+            rerank_k=low.rerank_k if low is not None else 0,
+            draft_vocab_size=drafter.config.draft_vocab_size if drafter is not None else None,
+            tau=t.committed / t.cycles if t.cycles else None,
+            new_tokens=t.new_tokens,
+            rounds=t.rounds,
+            wall_ms=t.wall_ms,
+            tokens_per_s=tps[name],
+            speedup=tps[name] / tps[E2E_PLAIN_NAME],
+            target_ms_per_round=_per(t.target_ms, t.rounds),
+            backbone_ms_per_round=_per(t.backbone_ms, t.rounds),
+            head_ms_per_round=_per(t.head_ms, t.rounds),
+            overhead_ms_per_round=_per(t.overhead_ms, t.rounds),
+            head_ms=t.head_ms,
+            lossless=None if drafter is None else mism == 0,
+            num_mismatched_prompts=mism,
+        )
+        if ref is not None and drafter is not None and t.cycles and totals[ref].cycles:
+            r = totals[ref]
+            nu = (t.head_ms / t.rounds) / (r.head_ms / r.rounds)
+            rho_tau = (t.committed / t.cycles) / (r.committed / r.cycles)
+            row.update(
+                nu=nu,
+                rho_tau=rho_tau,
+                predicted_rho_tps=predicted_speedup(rho_tau, nu, kappa),
+                measured_rho_tps=tps[name] / tps[ref],
+            )
+        rows.append(E2ERow(**row))
+    per_prompt = {
+        n: [{"output_ids": o.output_ids, **asdict(o.stats)} for o in outs] for n, outs in outputs.items()
+    }
+    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method))}
+    return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt)
+
+
+def _per(total: float, rounds: int) -> float | None:
+    return total / rounds if rounds else None

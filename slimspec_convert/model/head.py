@@ -1,0 +1,125 @@
+"""The low-rank LM head and the function that swaps it into a drafter (pure math, no files)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from slimspec_convert.lowrank.svd import Factorization
+
+
+class LowRankHead(nn.Module):
+    """``z = W_up (W_down h)``: two bias-free linears with nothing between them (SlimSpec eq. 1).
+
+    Parameter names give the state-dict keys ``lm_head.down.weight`` [r, d] and
+    ``lm_head.up.weight`` [V_d, r], the layout of lightseekorg/TorchSpec PR #185.
+
+    Optional shortlist rerank (:meth:`set_rerank`, off by default, inference only): the low-rank
+    logits preview the vocabulary, the top ``k`` rows are rescored exactly with full-rank rows
+    ``E[i] . h`` (SVD-softmax, Shim et al., NeurIPS 2017). Cost ``r (d + V_d) + k d`` per token.
+
+    Args:
+        hidden_size: d.
+        vocab_rows: V_d, the head's output rows (the draft vocabulary).
+        rank: r, 1 <= r <= min(V_d, d).
+        dtype: parameter dtype.
+
+    Raises:
+        ValueError: if rank is outside [1, min(V_d, d)].
+    """
+
+    def __init__(
+        self, hidden_size: int, vocab_rows: int, rank: int, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        if not 1 <= rank <= min(hidden_size, vocab_rows):
+            raise ValueError(f"rank r={rank} is outside [1, min(V_d={vocab_rows}, d={hidden_size})]")
+        self.down = nn.Linear(hidden_size, rank, bias=False, dtype=dtype)  # W_down [r, d]
+        self.up = nn.Linear(rank, vocab_rows, bias=False, dtype=dtype)  # W_up [V_d, r]
+        self._rerank: tuple[int, nn.Embedding] | None = None  # a tuple: not a registered submodule
+
+    @property
+    def rerank_k(self) -> int:
+        """k of the shortlist rerank, 0 when off."""
+        return self._rerank[0] if self._rerank is not None else 0
+
+    def set_rerank(self, k: int, rows: nn.Embedding | None) -> None:
+        """Rescore the top ``k`` low-rank logits with the full-rank rows of ``rows`` (eval mode only).
+
+        ``rows.weight`` [V_d, d] must hold the dense head the factors approximate: for a drafter
+        whose lm_head is the (tied, frozen) target embedding, its own ``embed_tokens``. The rows
+        are referenced, not copied or saved; ``k = 0`` turns the rerank off.
+
+        Raises:
+            ValueError: k outside [0, V_d], or rows of another shape than [V_d, d].
+        """
+        if not 0 <= k <= self.out_features:
+            raise ValueError(f"rerank k={k} is outside [0, V_d={self.out_features}]")
+        if k == 0 or rows is None:
+            self._rerank = None
+            return
+        shape = tuple(rows.weight.shape)
+        if shape != (self.out_features, self.in_features):
+            raise ValueError(
+                f"rerank rows have shape {list(shape)}, expected [V_d, d] = "
+                f"[{self.out_features}, {self.in_features}]"
+            )
+        self._rerank = (k, rows)
+
+    @property
+    def rank(self) -> int:
+        """r."""
+        return self.down.out_features
+
+    @property
+    def out_features(self) -> int:
+        """V_d (same attribute name as ``nn.Linear``)."""
+        return self.up.out_features
+
+    @property
+    def in_features(self) -> int:
+        """d."""
+        return self.down.in_features
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Logits of the normed hidden state.
+
+        Args:
+            hidden: [..., d].
+
+        Returns:
+            [..., V_d] in the parameters' dtype; with the rerank on (eval mode), the top-k
+            entries of the low-rank logits replaced by their exact full-rank scores.
+        """
+        z = self.up(self.down(hidden))  # [..., r] -> [..., V_d]
+        if self._rerank is None or self.training:
+            return z
+        k, rows = self._rerank
+        idx = z.topk(k, dim=-1).indices  # [..., k]
+        w = rows.weight[idx].to(hidden.dtype)  # [..., k, d]
+        exact = torch.matmul(w, hidden.unsqueeze(-1)).squeeze(-1)  # [..., k]
+        return z.scatter(-1, idx, exact.to(z.dtype))
+
+    @classmethod
+    def from_factorization(cls, fac: Factorization) -> LowRankHead:
+        """Build a head holding ``fac.W_up`` and ``fac.W_down`` (copied, dtype kept)."""
+        V_d, r = fac.W_up.shape
+        head = cls(fac.W_down.shape[1], V_d, r, dtype=fac.W_up.dtype)
+        with torch.no_grad():
+            head.up.weight.copy_(fac.W_up)
+            head.down.weight.copy_(fac.W_down)
+        return head
+
+
+def make_head(
+    hidden_size: int, vocab_rows: int, rank: int | None, dtype: torch.dtype | None = None
+) -> nn.Module:
+    """A dense ``nn.Linear(d, V_d, bias=False)`` when rank is None, else a :class:`LowRankHead`."""
+    if rank is None:
+        return nn.Linear(hidden_size, vocab_rows, bias=False, dtype=dtype)
+    return LowRankHead(hidden_size, vocab_rows, rank, dtype=dtype)
+
+
+def head_rank(head: nn.Module) -> int | None:
+    """r of a :class:`LowRankHead`, None for a dense head."""
+    return head.rank if isinstance(head, LowRankHead) else None

@@ -1,0 +1,130 @@
+"""Calibration statistics for ``slimspec convert --calibration-data``: the second moment of the
+drafter's lm_head input on real text, as seen during drafting (every TTT step).
+
+:func:`~slimspec_convert.factorize.calibrated_factorize` uses it to pick the rank-r head that
+minimises the expected logit error rather than the weight error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.data.examples import Example, collate, load_examples
+from slimspec_convert.lowrank.calibrated import HeadCalibration
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.model.ttt import ttt_unroll
+from slimspec_convert.target.forward import resolve_aux_layers, target_forward
+from slimspec_convert.target.load import load_target
+
+# slimspec convert --calibration-data (finetune/calibrate.py)
+DEFAULT_CALIBRATION_SAMPLES = 64
+
+
+DEFAULT_CALIBRATION_TTT_STEPS = 3
+
+
+DEFAULT_CALIBRATION_MAX_LENGTH = 256
+
+
+@torch.no_grad()
+def head_input_moment(
+    drafter: Eagle3Drafter,
+    target_model,
+    examples: list[Example],
+    *,
+    pad_id: int,
+    ttt_steps: int = DEFAULT_CALIBRATION_TTT_STEPS,
+    batch_size: int = 4,
+    source: str = "",
+) -> HeadCalibration:
+    """``E[h h^T]`` of the normed drafter hidden state ``h`` (the lm_head input) on real data.
+
+    The drafter is unrolled exactly as in training-time test (:func:`~finetune.ttt.ttt_unroll`):
+    step s sees its own step s-1 outputs, so the moment covers the states met deeper in a
+    draft too. Only supervised positions (assistant tokens whose prediction target exists) count.
+
+    Args:
+        drafter: the source drafter (its dense head is not used), float32 recommended.
+        target_model: HF causal LM providing the aux hidden states.
+        examples: tokenised calibration examples.
+        pad_id: padding token id.
+        ttt_steps: unrolled steps K >= 1.
+        batch_size: sequences per target forward.
+        source: description for the report.
+
+    Returns:
+        :class:`~slimspec_convert.factorize.HeadCalibration` with a [d, d] float64 moment.
+
+    Raises:
+        ValueError: no example, or no supervised position in them.
+    """
+    if not examples:
+        raise ValueError("calibration: no example to compute the head-input statistics from")
+    aux = resolve_aux_layers(drafter.config, target_model)
+    drafter.eval()
+    d = drafter.config.hidden_size
+    moment = torch.zeros(d, d, dtype=torch.float64)
+    rows = 0
+    for i in tqdm(range(0, len(examples), batch_size), desc="calibrate", unit="batch"):
+        batch = collate(examples[i : i + batch_size], pad_id)
+        out = target_forward(
+            target_model, batch["input_ids"], aux, attention_mask=batch["attention_mask"], logits_to_keep=1
+        )
+        for st in ttt_unroll(
+            drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], ttt_steps
+        ):
+            b, t = st.valid.nonzero(as_tuple=True)
+            h = drafter.norm(st.hidden[b, t]).to(torch.float64)  # [N, d]
+            moment.addmm_(h.T, h)
+            rows += h.shape[0]
+    if rows == 0:
+        raise ValueError("calibration: the examples have no supervised (assistant) position")
+    return HeadCalibration(second_moment=moment / rows, rows=rows, source=source)
+
+
+def calibrate_from_files(
+    src: str | Path,
+    target: str | Path,
+    data: list[str | Path],
+    *,
+    samples: int = DEFAULT_CALIBRATION_SAMPLES,
+    max_length: int = DEFAULT_CALIBRATION_MAX_LENGTH,
+    ttt_steps: int = DEFAULT_CALIBRATION_TTT_STEPS,
+    seed: int = 0,
+) -> HeadCalibration:
+    """Load the target, the source drafter and ``samples`` random conversations; return the moment.
+
+    Args:
+        src: source drafter folder (any layout :func:`~slimspec_convert.convert.load_drafter` reads).
+        target: target folder / GGUF / hub id (aux hidden states and tokenizer).
+        data: training-format files (the formats ``slimspec finetune --data`` reads).
+        samples: conversations to use (drawn with ``seed``; all when fewer).
+        max_length: tokens per conversation (truncated).
+        ttt_steps: unrolled drafter steps.
+        seed: sampling seed.
+
+    Returns:
+        :class:`~slimspec_convert.factorize.HeadCalibration`.
+
+    Raises:
+        FileNotFoundError, ValueError: missing files, bad data or drafter (messages name the file).
+    """
+
+    if samples < 1:
+        raise ValueError(f"--calibration-samples={samples}: expected >= 1")
+    model, tok = load_target(target)
+    drafter, _ = load_drafter(src, target=model)
+    examples, _ = load_examples(tok, list(data), max_length)
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(examples), generator=g)[:samples].tolist()
+    chosen = [examples[i] for i in pick]
+    source = f"{len(chosen)} conversations (<= {max_length} tokens, {ttt_steps} TTT steps) of " + ", ".join(
+        map(str, data)
+    )
+    return head_input_moment(
+        drafter.float(), model, chosen, pad_id=tok.pad_token_id, ttt_steps=ttt_steps, source=source
+    )

@@ -1,0 +1,460 @@
+"""Python API of ``slimspec inspect`` / ``slimspec convert``: load any EAGLE-3 drafter, factorise its head.
+
+``load_drafter`` builds an :class:`~slimspec_convert.drafter.Eagle3Drafter` from any layout in
+:mod:`slimspec_convert.dialects`; ``convert`` replaces the dense ``lm_head`` ``W [V_d, d]`` by
+``W_up [V_d, r] @ W_down [r, d]`` (truncated SVD, SlimSpec arXiv 2605.10453 section 3; factor
+names as lightseekorg/TorchSpec PR #185) and writes an HF-style folder the API loads back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from slimspec_convert.atomic import atomic_write_json, staged_folder
+from slimspec_convert.checkpoint.canonical import CanonicalTensor, LoadReport, ResolvedCheckpoint
+from slimspec_convert.checkpoint.dialect_config import NORM_OUTPUT_SEMANTICS
+from slimspec_convert.checkpoint.dialects import expected_shapes, resolve_checkpoint
+from slimspec_convert.checkpoint.load import TargetTensors, borrow, inspect_drafter, load_drafter
+from slimspec_convert.checkpoint.names import (
+    CONFIG_NAME,
+    D2T_KEY,
+    EMBED_KEY,
+    LM_HEAD_DOWN_KEY,
+    LM_HEAD_KEY,
+    LM_HEAD_UP_KEY,
+    REPORT_NAME,
+    SLIMSPEC_SECTION,
+    T2D_KEY,
+    WEIGHTS_NAME,
+)
+from slimspec_convert.checkpoint.save import hf_config_dict
+from slimspec_convert.checkpoint.weightfiles import CheckpointError, write_safetensors
+from slimspec_convert.dtypes import DTYPES
+from slimspec_convert.lowrank.blocks import NonFiniteError
+from slimspec_convert.lowrank.calibrated import (
+    DEFAULT_CALIBRATION_DAMP,
+    HeadCalibration,
+    calibrated_factorize,
+)
+from slimspec_convert.lowrank.svd import (
+    DEFAULT_RANDOMIZED_NITER,
+    choose_method,
+    choose_rank,
+    head_params,
+    lowrank_factorize,
+    rank_from_rule,
+    spectrum,
+)
+from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.version import __version__
+from slimspec_convert.workflows.calibrate import DEFAULT_CALIBRATION_SAMPLES, calibrate_from_files
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Options of ``slimspec convert`` (exactly one of rank, rank_fraction, energy may be set).
+
+    With none set, the rank is ``hidden_size // DEFAULT_RANK_DIVISOR`` (r = d/8).
+    """
+
+    rank: int | None = None
+    rank_fraction: float | None = None
+    energy: float | None = None
+    full_vocab: bool = False
+    target: str | None = None
+    dtype: str | None = None
+    force: bool = False
+    svd: str = "auto"  # auto | exact | randomized
+    seed: int = 0
+    svd_niter: int = DEFAULT_RANDOMIZED_NITER
+    norm_output_semantics: str = "auto"  # auto | specforge | engine (eagle3-formats.md P7)
+    calibration_damp: float = DEFAULT_CALIBRATION_DAMP
+    calibration_data: tuple[str, ...] = ()  # training-format files; needs target
+    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
+
+    def __post_init__(self) -> None:
+        chosen = [n for n in ("rank", "rank_fraction", "energy") if getattr(self, n) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"ConvertConfig: give only one of rank, rank_fraction, energy (got {chosen})")
+        if self.rank is not None and self.rank <= 0:
+            raise ValueError(f"ConvertConfig.rank: rank r={self.rank} must be >= 1")
+        if self.rank_fraction is not None and not 0 < self.rank_fraction <= 1:
+            raise ValueError(f"ConvertConfig.rank_fraction={self.rank_fraction}: expected 0 < F <= 1")
+        if self.energy is not None and not 0 < self.energy <= 1:
+            raise ValueError(f"ConvertConfig.energy={self.energy}: expected 0 < E <= 1")
+        if self.full_vocab and not self.target:
+            raise ValueError("ConvertConfig.full_vocab needs target (--target): rows come from its lm_head")
+        if self.svd not in ("auto", "exact", "randomized"):
+            raise ValueError(f"ConvertConfig.svd={self.svd!r}: expected auto, exact or randomized")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"ConvertConfig.dtype={self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.energy is not None and self.svd == "randomized":
+            raise ValueError("ConvertConfig: energy needs the full spectrum; use svd='exact' or 'auto'")
+        if self.calibration_data and not self.target:
+            raise ValueError(
+                "--calibration-data needs --target (ConvertConfig.calibration_data needs target): "
+                "the aux hidden states come from it"
+            )
+        if self.calibration_samples < 1:
+            raise ValueError(f"ConvertConfig.calibration_samples={self.calibration_samples}: expected >= 1")
+        if not self.calibration_damp > 0:
+            raise ValueError(f"ConvertConfig.calibration_damp={self.calibration_damp}: expected > 0")
+        if self.svd_niter < 0:
+            raise ValueError(f"ConvertConfig.svd_niter={self.svd_niter}: expected >= 0")
+        if self.norm_output_semantics not in NORM_OUTPUT_SEMANTICS:
+            raise ValueError(
+                f"ConvertConfig.norm_output_semantics={self.norm_output_semantics!r}: "
+                f"expected one of {list(NORM_OUTPUT_SEMANTICS)}"
+            )
+
+
+__all__ = ["ConvertReport", "LoadReport", "TargetTensors", "convert", "inspect_drafter", "load_drafter"]
+
+
+@dataclass
+class ConvertReport:
+    """What ``convert`` did (also written to ``OUT/slimspec_report.json``).
+
+    Attributes:
+        source / out: folders.
+        source_format: dialect of the source.
+        rank: kept rank r; rank_rule: how r was chosen.
+        hidden_size: d; vocab_size: rows of the new head (V_d, or V_t with full_vocab).
+        params_before: parameters of the source head (V_d d); params_after: r (d + rows).
+        relative_error: ||W - W_up W_down||_F / ||W||_F (of the float32/64 factors before the cast;
+            W is the assembled full-vocabulary head when full_vocab).
+        energy_retained: sum_{i<r} s_i^2 / ||W||_F^2.
+        seconds: wall time of the conversion.
+        svd_method: "exact", "randomized" (svd_niter extra Krylov blocks) or "calibrated".
+        calibration: with calibration data: rows, source, damp and the expected logit error
+            ``logit_relative_error`` of the factors next to ``svd_logit_relative_error`` of the
+            plain truncated SVD (both under the damped calibration moment).
+        factor_dtype / source_dtype: storage dtypes.
+        full_vocab: rows added from the target (target_rows_added) to a trimmed head.
+        vocab_maps: what happened to d2t / t2d.
+        head_vs_target: cosine / norm statistics of the drafter's rows against the target rows of
+            the same tokens (only with a target; P20: speculators heads are target rows).
+        notes: anything else worth knowing.
+    """
+
+    source: str
+    out: str
+    source_format: str
+    rank: int
+    rank_rule: str
+    hidden_size: int
+    vocab_size: int
+    source_vocab_rows: int
+    params_before: int
+    params_after: int
+    relative_error: float
+    energy_retained: float
+    seconds: float
+    svd_method: str
+    svd_niter: int | None
+    factor_dtype: str
+    source_dtype: str
+    full_vocab: bool
+    target_rows_added: int
+    vocab_maps: str
+    head_vs_target: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    version: str = __version__
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """Indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    def summary(self) -> str:
+        """Aligned two-column text table."""
+        rows = [
+            ("source", f"{self.source} ({self.source_format})"),
+            ("out", self.out),
+            ("rank r", f"{self.rank} ({self.rank_rule})"),
+            (
+                "head",
+                f"[{self.vocab_size}, {self.hidden_size}] -> W_up [{self.vocab_size}, {self.rank}] "
+                f"@ W_down [{self.rank}, {self.hidden_size}]",
+            ),
+            (
+                "params before / after",
+                f"{self.params_before:,} / {self.params_after:,} "
+                f"({self.params_after / self.params_before:.3f}x)",
+            ),
+            ("relative_error", f"{self.relative_error:.6f}  (||W - W_up W_down||_F / ||W||_F)"),
+            (
+                "energy_retained",
+                f"{self.energy_retained:.6f}"
+                + ("  (share of E||W h||^2 kept, calibration data)" if self.calibration else ""),
+            ),
+            ("svd", self.svd_method + (f" (niter={self.svd_niter})" if self.svd_niter is not None else "")),
+        ]
+        if self.calibration:
+            c = self.calibration
+            rows.append(
+                (
+                    "logit error",
+                    f"{c['logit_relative_error']:.4f} calibrated vs "
+                    f"{c['svd_logit_relative_error']:.4f} plain SVD "
+                    f"(sqrt E||(W - W_up W_down) h||^2 / E||W h||^2, {c['rows']} hidden states)",
+                )
+            )
+        rows += [
+            ("dtype source / factors", f"{self.source_dtype} / {self.factor_dtype}"),
+            ("full_vocab", f"{self.full_vocab} (+{self.target_rows_added} target rows)"),
+            ("d2t / t2d", self.vocab_maps),
+            ("seconds", f"{self.seconds:.2f}"),
+        ]
+        rows += [
+            ("head vs target", ", ".join(f"{k}={v:.4f}" for k, v in self.head_vs_target.items()))
+        ] * bool(self.head_vs_target)
+        rows += [("note", n) for n in self.notes]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def convert(
+    src: str | Path, out: str | Path, cfg: ConvertConfig, *, calibration: HeadCalibration | None = None
+) -> ConvertReport:
+    """Convert a drafter's dense lm_head into a low-rank one and write an HF-style folder.
+
+    Output: ``OUT/config.json`` (flat ``LlamaForCausalLMEagle3`` config with ``lm_head_rank`` and a
+    ``slimspec`` section holding the normalised config and the conversion), ``OUT/model.safetensors``
+    (canonical keys; ``lm_head.down.weight`` [r, d] and ``lm_head.up.weight`` [rows, r] replace
+    ``lm_head.weight``; every other tensor, ``d2t`` and ``t2d`` included, copied byte for byte) and
+    ``OUT/slimspec_report.json``. Everything is written into a temporary folder beside OUT and
+    renamed into place at the end, so a failure leaves OUT untouched.
+
+    The SVD reads the head straight from the memory-mapped file in row blocks; the dense
+    ``W_up @ W_down`` is never formed (see :func:`~slimspec_convert.factorize.lowrank_factorize`).
+
+    ``full_vocab`` (needs ``target``): a trimmed head [V_d, d] becomes a full [V_t, d] head before
+    the factorisation: row ``i + d2t[i]`` is the drafter's row i, every other row is the target's
+    lm_head row, used as is, which requires the target hidden size to equal d. Trade-off: the
+    vocabulary-trimming ceiling on acceptance is gone (the drafter can now propose every token),
+    but the added rows were trained against the target's final hidden state, not the drafter's;
+    they score well only as far as the drafter's normed hidden state imitates the target's
+    (exactly for speculators heads, which are target rows, P20, loosely for heads trained from
+    scratch), so a short KL fine-tune is advised. The low-rank head also spends its rank on
+    V_t rows instead of V_d, and the parameter count grows with V_t.
+
+    Args:
+        src: source drafter folder (any supported layout).
+        out: destination folder; must not exist unless ``cfg.force``.
+        cfg: :class:`~slimspec_convert.config.ConvertConfig` (rank rule, target, dtype, SVD method).
+        calibration: the lm_head input's second moment on real data
+            (:func:`slimspec_convert.workflows.calibrate.calibrate_from_files`; computed here from
+            ``cfg.calibration_data`` when that is set and this is None); when given, the factors minimise the
+            expected logit error instead of the weight error
+            (:func:`~slimspec_convert.factorize.calibrated_factorize`, damping ``cfg.calibration_damp``);
+            the rank rule still reads the plain spectrum of W.
+
+    Returns:
+        :class:`ConvertReport`.
+
+    Raises:
+        FileExistsError: OUT exists and ``force`` is false (nothing is written).
+        ValueError: OUT is SRC; rank outside [1, min(rows, d)]; full_vocab with a target of a
+            different hidden size or vocabulary; an already low-rank source head.
+        CheckpointError: any bad input (see :func:`load_drafter`), NaN/inf in the head.
+    """
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out)
+    if out.exists() and not cfg.force:
+        raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+    if src.resolve() == out.resolve():
+        raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
+    if calibration is None and cfg.calibration_data:  # after the cheap checks: this pass is slow
+        calibration = calibrate_from_files(
+            src, cfg.target, list(cfg.calibration_data), samples=cfg.calibration_samples
+        )
+    tgt = TargetTensors.open(cfg.target) if cfg.target else None
+    res = resolve_checkpoint(
+        src,
+        target_num_layers=tgt.num_layers if tgt else None,
+        norm_output_semantics=cfg.norm_output_semantics,
+    )
+    dcfg = res.config
+    if dcfg.head_rank is not None:
+        raise ValueError(
+            f"{src}: the head is already low-rank (r={dcfg.head_rank}); convert needs a dense head"
+        )
+    head = res.tensors.get(LM_HEAD_KEY)
+    if head is None:
+        head = CanonicalTensor(LM_HEAD_KEY, value=borrow(LM_HEAD_KEY, res, tgt), origin="target lm_head")
+    W = head.view()  # [V_d, d], memory-mapped
+    notes: list[str] = []
+    stats = _head_vs_target(W, res, tgt) if tgt is not None else {}
+    rows_added = 0
+    if cfg.full_vocab and dcfg.is_trimmed:
+        W, rows_added = _full_vocab_head(W, res, tgt), dcfg.vocab_size - dcfg.draft_vocab_size
+    elif cfg.full_vocab:
+        notes.append("full_vocab: the head already has every target row; nothing added")
+    out_dtype = getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else W.dtype
+    d, m = dcfg.hidden_size, min(W.shape)
+    method = (
+        cfg.svd
+        if cfg.svd != "auto"
+        else ("exact" if cfg.energy is not None else choose_method(tuple(W.shape)))
+    )
+    try:
+        if cfg.energy is not None:
+            r, rule = choose_rank(spectrum(W), d, energy=cfg.energy), f"energy >= {cfg.energy}"
+        else:
+            try:
+                r = rank_from_rule(m, d, rank=cfg.rank, rank_fraction=cfg.rank_fraction)
+            except ValueError as e:
+                raise ValueError(f"{head.origin} [{W.shape[0]}, {W.shape[1]}]: {e}") from e
+            rule = (
+                f"--rank {cfg.rank}"
+                if cfg.rank is not None
+                else f"--rank-fraction {cfg.rank_fraction} of d"
+                if cfg.rank_fraction is not None
+                else "default d/8"
+            )
+        if calibration is not None:
+            fac = calibrated_factorize(
+                W, r, calibration.second_moment, damp=cfg.calibration_damp, out_dtype=out_dtype
+            )
+        else:
+            fac = lowrank_factorize(
+                W,
+                r,
+                method=method,
+                out_dtype=out_dtype,
+                niter=cfg.svd_niter,
+                generator=torch.Generator().manual_seed(cfg.seed),
+            )
+    except NonFiniteError as e:
+        raise CheckpointError(
+            f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
+        ) from e
+    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]))
+    items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
+    maps = (
+        "dropped: full vocabulary"
+        if rows_added
+        else "rebuilt t2d from d2t, d2t copied"
+        if T2D_KEY in res.report.rebuilt
+        else "copied byte-identical"
+        if dcfg.is_trimmed
+        else "none (untrimmed head)"
+    )
+    report = ConvertReport(
+        source=str(src),
+        out=str(out),
+        source_format=res.report.source_format,
+        rank=r,
+        rank_rule=rule,
+        hidden_size=d,
+        vocab_size=int(W.shape[0]),
+        source_vocab_rows=dcfg.draft_vocab_size,
+        params_before=head_params(dcfg.draft_vocab_size, d, None),
+        params_after=head_params(int(W.shape[0]), d, r),
+        relative_error=fac.relative_error,
+        energy_retained=fac.energy_retained,
+        seconds=0.0,
+        svd_method=fac.method,
+        svd_niter=cfg.svd_niter if fac.method == "randomized" else None,
+        factor_dtype=str(out_dtype).removeprefix("torch."),
+        source_dtype=str(head.dtype).removeprefix("torch."),
+        full_vocab=bool(rows_added),
+        target_rows_added=rows_added,
+        vocab_maps=maps,
+        head_vs_target=stats,
+        calibration={
+            "rows": calibration.rows,
+            "source": calibration.source,
+            "damp": cfg.calibration_damp,
+            "logit_relative_error": fac.logit_relative_error,
+            "svd_logit_relative_error": fac.svd_logit_relative_error,
+        }
+        if calibration is not None
+        else {},
+        notes=notes + res.report.warnings,
+    )
+    _write_output(out, cfg.force, items, new_cfg, res, report, t0)
+    return report
+
+
+def _head_vs_target(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> dict[str, float]:
+    """Mean cosine and norm ratio of drafter head rows against the target rows of the same tokens."""
+    H = tgt.head()
+    if H.shape[1] != W.shape[1] or H.shape[0] != res.config.vocab_size:
+        return {}
+    ids = draft_to_target_ids(res.tensors[D2T_KEY].load()) if res.config.is_trimmed else None
+    cos_sum, ratio_sum = 0.0, 0.0
+    for start in range(0, W.shape[0], 8192):
+        w = W[start : start + 8192].float()  # [<=8192, d]
+        h = (H[ids[start : start + 8192]] if ids is not None else H[start : start + 8192]).float()
+        cos_sum += float(torch.nn.functional.cosine_similarity(w, h, dim=1).sum())
+        ratio_sum += float((w.norm(dim=1) / h.norm(dim=1).clamp_min(1e-12)).sum())
+    return {"mean_cosine": cos_sum / W.shape[0], "mean_norm_ratio": ratio_sum / W.shape[0]}
+
+
+def _full_vocab_head(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> Tensor:
+    """[V_t, d]: the target's head with the drafter's rows written at their target ids."""
+    cfg = res.config
+    H = tgt.head()  # [V_t, dt]
+    if H.shape[1] != cfg.hidden_size:
+        raise ValueError(
+            f"full_vocab: target {tgt.description} has hidden size {H.shape[1]} but the drafter has "
+            f"d={cfg.hidden_size}; target head rows only fit a drafter of the same width"
+        )
+    if H.shape[0] != cfg.vocab_size:
+        raise ValueError(
+            f"full_vocab: target {tgt.description} has {H.shape[0]} head rows but the drafter's "
+            f"vocab_size is {cfg.vocab_size}; is it the drafter's target?"
+        )
+    full = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=W.dtype)
+    for start in range(0, full.shape[0], 8192):
+        full[start : start + 8192] = H[start : start + 8192]
+    full[draft_to_target_ids(res.tensors[D2T_KEY].load())] = W  # row i + d2t[i] <- drafter row i
+    return full
+
+
+def _output_items(res: ResolvedCheckpoint, new_cfg, W_up: Tensor, W_down: Tensor) -> list[tuple[str, Any]]:
+    """(name, TensorRef or tensor) in state-dict order: raw file bytes wherever possible."""
+    factors = {LM_HEAD_DOWN_KEY: W_down, LM_HEAD_UP_KEY: W_up}
+    items = []
+    for key in expected_shapes(new_cfg):
+        if key in factors:
+            items.append((key, factors[key]))
+        elif key in res.tensors:
+            ct = res.tensors[key]
+            items.append((key, ct.raw if ct.raw is not None else ct.load()))
+    return items  # embed_tokens only when the source had it
+
+
+def _write_output(
+    out: Path, force: bool, items, new_cfg, res: ResolvedCheckpoint, report: ConvertReport, t0: float
+) -> None:
+    """Write everything into a temporary sibling folder, then rename it to OUT."""
+    with staged_folder(out, force) as tmp:
+        write_safetensors(tmp / WEIGHTS_NAME, items, {"format": "pt", "producer": f"slimspec {__version__}"})
+        float_dtypes = [t.dtype for k, t in items if t.dtype.is_floating_point and k != EMBED_KEY]
+        config = hf_config_dict(new_cfg, float_dtypes[0])
+        config[SLIMSPEC_SECTION]["conversion"] = {
+            "source": report.source,
+            "source_format": report.source_format,
+            "rank": report.rank,
+            "rank_rule": report.rank_rule,
+            "svd_method": report.svd_method,
+            "full_vocab": report.full_vocab,
+            "load_report": {k: v for k, v in res.report.to_dict().items() if k != "config"},
+        }
+        atomic_write_json(tmp / CONFIG_NAME, config)
+        report.seconds = time.perf_counter() - t0
+        atomic_write_json(tmp / REPORT_NAME, report.to_dict())

@@ -1,0 +1,90 @@
+"""``slimspec generate`` as a workflow: load the target and the drafter, cast, rerank, decode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.prompts import load_prompts
+from slimspec_convert.decoding.results import GenerationResult
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.target.load import load_target
+
+NO_DRAFTER = "none"  # --drafter none: the target alone
+
+
+def load_generation_models(target: str | Path, drafter: str | Path | None, gcfg: GenerateConfig):
+    """The target, its tokenizer and the drafter in one dtype, ready to decode.
+
+    Args:
+        target: HF folder, ``.gguf`` file or hub id.
+        drafter: drafter folder (any EAGLE-3 layout); None or ``"none"`` for the target alone.
+        gcfg: dtype and rerank (``gcfg.rerank`` > 0 rescores a low-rank head's top-k exactly).
+
+    Returns:
+        ``(model, tokenizer, drafter or None)``, both models in ``gcfg.dtype``, eval mode.
+
+    Raises:
+        ValueError: ``rerank`` without a low-rank drafter (naming the option and the folder).
+        FileNotFoundError, CheckpointError: unreadable target or drafter.
+    """
+    model, tokenizer = load_target(target, gcfg.dtype)
+    module: Eagle3Drafter | None = None
+    if drafter is not None and str(drafter).lower() != NO_DRAFTER:
+        module, _ = load_drafter(drafter, target=model)
+        module.to(model.dtype).eval()  # one dtype for both models (--dtype)
+        if gcfg.rerank:
+            try:
+                module.enable_rerank(gcfg.rerank)
+            except ValueError as e:
+                raise ValueError(f"--rerank {gcfg.rerank}: {drafter}: {e}") from e
+    elif gcfg.rerank:
+        raise ValueError("--rerank needs a low-rank --drafter")
+    return model, tokenizer, module
+
+
+def generate_from_paths(
+    target: str | Path,
+    drafter: str | Path | None,
+    prompt: str | None,
+    prompts: str | Path | None,
+    gcfg: GenerateConfig,
+    dcfg: DraftConfig,
+    scfg: SamplingConfig,
+) -> list[GenerationResult]:
+    """Decode one prompt or a prompt file with the target alone or with a drafter.
+
+    Args:
+        target: HF folder, ``.gguf`` file or hub id.
+        drafter: drafter folder, or None / ``"none"``.
+        prompt: one prompt (exactly one of ``prompt`` and ``prompts``).
+        prompts: JSONL with ``prompt`` or MT-Bench ``turns``.
+        gcfg, dcfg, scfg: prompt handling and dtype, draft shape, sampling.
+
+    Returns:
+        One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
+
+    Raises:
+        ValueError: both or neither of prompt and prompts; bad prompt files; bad rerank.
+    """
+    if (prompt is None) == (prompts is None):
+        raise ValueError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    turns = [(prompt,)] if prompt is not None else load_prompts(prompts, all_turns=gcfg.all_turns)
+    if gcfg.max_prompts is not None:
+        turns = turns[: gcfg.max_prompts]
+    model, tokenizer, module = load_generation_models(target, drafter, gcfg)
+    gen = SpeculativeGenerator(
+        model,
+        tokenizer,
+        module,
+        dcfg,
+        scfg,
+        chat=gcfg.chat,
+        system_prompt=gcfg.system_prompt,
+        batch_size=gcfg.batch_size,
+    )
+    if gcfg.all_turns:
+        return [r for conv in gen.generate_conversations(turns) for r in conv]
+    return gen.generate([t[0] for t in turns])

@@ -1,0 +1,125 @@
+"""Every CLI default is written once: each option's default equals its dataclass field, and the options
+a user gives reach the config the library receives."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+import slimspec_convert.cli.train as cli_train
+from finetune.config import FinetuneConfig
+from slimspec_convert.cli import app
+from slimspec_convert.cli.app import csv_items
+from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.measure.e2e import BenchE2EConfig
+from slimspec_convert.measure.head_latency import BenchHeadConfig
+from slimspec_convert.workflows.convert import ConvertConfig
+from slimspec_convert.workflows.rank_sweep import RankSweepConfig
+from slimspec_convert.workflows.trim import TrimConfig
+
+# command path -> (dataclass defaults, CLI option -> field where the names differ)
+OWNERS = {
+    ("convert",): ([ConvertConfig], {}),
+    ("inspect",): ([ConvertConfig], {}),
+    ("generate",): (
+        [GenerateConfig, SamplingConfig, DraftConfig],
+        {"limit": "max_prompts", "draft": "method"},
+    ),
+    ("finetune",): ([FinetuneConfig], {}),
+    ("train-drafter",): ([FinetuneConfig.for_new_drafter], {}),
+    ("trim",): ([TrimConfig], {}),
+    ("rank-sweep",): ([RankSweepConfig], {}),
+    ("bench", "head"): ([BenchHeadConfig], {}),
+    ("bench", "e2e"): ([BenchE2EConfig], {"draft": "draft_method"}),
+}
+NOT_CONFIG = {"json_out", "threads", "resume", "self_distill", "eval_data", "teacher_drafter", "cache"}
+
+
+def _field_defaults(owner) -> dict:
+    if isinstance(owner, type):
+        out = {}
+        for f in dataclasses.fields(owner):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+    return dataclasses.asdict(owner())  # a constructor such as FinetuneConfig.for_new_drafter
+
+
+def _command(path):
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+def _as_field_value(value, field_value):
+    if isinstance(field_value, tuple) and isinstance(value, str):
+        return tuple(type(field_value[0])(x) if field_value else x for x in csv_items(value, "option"))
+    if isinstance(field_value, tuple) and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+@pytest.mark.parametrize("path", list(OWNERS), ids=" ".join)
+def test_every_cli_default_equals_its_dataclass_field(path):
+    owners, renames = OWNERS[path]
+    fields = {}
+    for owner in owners:
+        fields.update(_field_defaults(owner))
+    checked = 0
+    for param in _command(path).params:
+        if param.required or param.name in NOT_CONFIG:
+            continue
+        name = renames.get(param.name, param.name)
+        if name not in fields:
+            continue
+        checked += 1
+        got = _as_field_value(param.default, fields[name])
+        if fields[name] == () and param.default is None:  # repeatable option: nothing given = ()
+            continue
+        assert got == fields[name], f"slimspec {' '.join(path)} --{param.name.replace('_', '-')}"
+    assert checked >= 1
+
+
+def test_finetune_and_train_drafter_pass_their_options_to_the_config(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_finetune(target, drafter, data, out, cfg, **kw):
+        seen["finetune"] = cfg
+        return _Done()
+
+    def fake_train(target, data, out, cfg, **kw):
+        seen["train"] = cfg
+        return _Done()
+
+    monkeypatch.setattr(cli_train, "run_finetune", fake_finetune)
+    monkeypatch.setattr(cli_train, "run_train_drafter", fake_train)
+    common = ["--target", "t", "--data", "d.jsonl", "--out", str(tmp_path / "o"), "--steps", "2"]
+    common += ["--lr", "0.002", "--ttt-steps", "2", "--batch-size", "3", "--max-length", "48"]
+    common += ["--warmup-steps", "0", "--seed", "3"]
+    runner = CliRunner()
+    assert runner.invoke(app, ["train-drafter", *common, "--train", "body"]).exit_code == 0
+    assert runner.invoke(app, ["finetune", *common, "--drafter", "x"]).exit_code == 0
+    for key, train in (("train", "body"), ("finetune", "head")):
+        cfg = seen[key]
+        assert (cfg.steps, cfg.lr, cfg.ttt_steps, cfg.batch_size) == (2, 0.002, 2, 3)
+        assert (cfg.max_length, cfg.warmup_steps, cfg.seed, cfg.train) == (48, 0, 3, train)
+
+
+def test_train_drafter_defaults_train_every_parameter():
+    cfg = FinetuneConfig.for_new_drafter()
+    assert (cfg.train, cfg.lr) == ("all", 1e-3)
+    assert (FinetuneConfig().train, FinetuneConfig().lr) == ("head", 4e-4)
+
+
+class _Done:
+    def summary(self) -> str:
+        return "done"
+
+    def to_dict(self) -> dict:
+        return {}

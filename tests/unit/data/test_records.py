@@ -1,0 +1,94 @@
+"""finetune/data.py: formats, assistant-only masks, bad data, deterministic batches."""
+
+import json
+
+import pytest
+import torch
+
+from slimspec_convert.data.examples import batch_indices, build_examples, collate
+from slimspec_convert.data.records import DataError, DataStats, read_conversations, record_to_conversations
+from tests.helpers.models import DATA, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def test_every_shipped_training_file_parses():
+    stats = DataStats()
+    files = sorted((DATA / "train").rglob("*.json*"))
+    convs = read_conversations(files, stats)
+    assert len(files) == 7
+    # 7473 GSM8K + 4535 + 1923 GPTeacher + 626 OASST paths + 250 prompts + 252 + instances of 175 seed tasks
+    assert stats.records == 7473 + 4535 + 1923 + 100 + 250 + 252 + 175
+    assert sum(1 for c in convs if c[-1]["role"] == "assistant") > 14000
+
+
+def test_formats_normalise_to_messages():
+    assert record_to_conversations({"question": "q", "answer": "a"}, "x:1") == [
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    ]
+    sg = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    assert record_to_conversations(sg, "x:1")[0][1] == {"role": "assistant", "content": "yo"}
+    tree = {
+        "prompt": {
+            "role": "prompter",
+            "text": "p",
+            "replies": [
+                {"role": "assistant", "text": "a1", "replies": []},
+                {"role": "assistant", "text": "a2", "replies": []},
+            ],
+        }
+    }
+    assert [c[-1]["content"] for c in record_to_conversations(tree, "x:1")] == ["a1", "a2"]
+    with pytest.raises(DataError, match="x:3: unknown record format"):
+        record_to_conversations({"foo": 1}, "x:3")
+
+
+def test_assistant_mask_covers_only_the_answer(tok):
+    conv = [
+        {"role": "user", "content": "How many apples are there?"},
+        {"role": "assistant", "content": "There are 5 apples."},
+    ]
+    (ex,) = build_examples(tok, [conv], 100)
+    toks = tok.convert_ids_to_tokens(ex.input_ids[ex.loss_mask].tolist())
+    assert toks == ["There", "are", "5", "<unk>", ".", "<|im_end|>"]
+
+
+def test_bad_data_errors_name_file_and_line(tmp_path, tok):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty.jsonl: file is empty"):
+        read_conversations([empty])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "a", "answer": "b"}) + "\n{not json\n")
+    with pytest.raises(DataError, match="bad.jsonl:2: malformed JSON line"):
+        read_conversations([bad])
+
+
+def test_no_assistant_and_too_long_are_counted(tok):
+    stats = DataStats()
+    convs = [
+        [{"role": "user", "content": "only a prompt"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a " * 50}],
+    ]
+    examples = build_examples(tok, convs, 20, stats)
+    assert (stats.skipped_no_assistant, stats.truncated, stats.kept) == (1, 1, 1)
+    assert examples[0].input_ids.numel() == 20
+
+
+def test_batches_are_deterministic_and_cover_an_epoch():
+    first = [batch_indices(10, 3, s, seed=1) for s in range(3)]
+    assert first == [batch_indices(10, 3, s, seed=1) for s in range(3)]
+    assert len(set(sum(first, []))) == 9  # one epoch of 3 batches, no repeats
+
+
+def test_collate_right_pads(tok):
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    a, b = build_examples(tok, [conv, conv + conv[-1:]], 100)
+    batch = collate([a, b], pad_id=0)
+    n = a.input_ids.numel()
+    assert batch["attention_mask"][0].tolist() == [1] * n + [0] * (batch["input_ids"].shape[1] - n)
+    assert not batch["loss_mask"][0, n:].any()
+    assert torch.equal(batch["input_ids"][0, :n], a.input_ids)

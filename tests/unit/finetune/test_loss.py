@@ -1,0 +1,54 @@
+"""finetune/loss.py: KL, expected acceptance and top-1 on hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+
+from finetune.train.loss import expected_acceptance_terms, kl_terms, masked_mean, top1_agreement, ttt_weights
+
+
+def test_kl_half_half_vs_nine_one():
+    ref = torch.tensor([0.5, 0.5]).log()
+    draft = torch.tensor([0.9, 0.1]).log()
+    # 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.51083 nats (STYLE.md golden value)
+    assert kl_terms(ref, draft).item() == pytest.approx(0.51083, abs=1e-5)
+
+
+def test_kl_of_distribution_with_itself_is_zero():
+    logits = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(kl_terms(logits, logits), torch.zeros(3), atol=1e-6)
+
+
+def test_kl_trimmed_vocab_uses_unnormalised_reference_mass():
+    ref = torch.tensor([0.1, 0.2, 0.3, 0.4]).log()  # target over V_t = 4
+    draft = torch.tensor([0.25, 0.75]).log()  # draft rows map to target ids 1 and 3
+    ids = torch.tensor([1, 3])
+    expected = 0.2 * math.log(0.2 / 0.25) + 0.4 * math.log(0.4 / 0.75)
+    assert kl_terms(ref, draft, ids).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_expected_acceptance_is_sum_of_minimums():
+    ref = torch.tensor([0.6, 0.3, 0.1]).log()
+    draft = torch.tensor([0.2, 0.5, 0.3]).log()
+    assert expected_acceptance_terms(ref, draft).item() == pytest.approx(0.2 + 0.3 + 0.1, abs=1e-6)
+    # trimmed: draft mass on target ids 0 and 1 only
+    trimmed = torch.tensor([0.5, 0.5]).log()
+    assert expected_acceptance_terms(ref, trimmed, torch.tensor([0, 1])).item() == pytest.approx(
+        0.8, abs=1e-6
+    )
+
+
+def test_top1_agreement_maps_draft_rows_to_target_ids():
+    ref = torch.tensor([[0.0, 0.0, 5.0, 0.0]])
+    draft = torch.tensor([[0.0, 3.0]])  # row 1 -> target id 2
+    assert top1_agreement(ref, draft, torch.tensor([0, 2])).tolist() == [1.0]
+    assert top1_agreement(ref, draft, torch.tensor([0, 3])).tolist() == [0.0]
+
+
+def test_masked_mean_and_weights():
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    m = torch.tensor([True, False, True, False])
+    assert masked_mean(v, m).item() == pytest.approx(2.0)
+    assert masked_mean(v, m, denom=4.0).item() == pytest.approx(1.0)
+    assert ttt_weights(3, 0.8) == pytest.approx([1.0, 0.8, 0.64])

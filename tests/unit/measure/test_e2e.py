@@ -1,0 +1,107 @@
+"""bench e2e on tiny models: lossless outputs, tau recomputed from per-prompt stats, cost-model wiring."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from slimspec_convert.checkpoint.save import save_drafter
+from slimspec_convert.cli.app import app
+from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.lowrank.svd import lowrank_factorize
+from slimspec_convert.measure.e2e import head_kind
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.workflows.trim import trim_drafter
+from tests.helpers.models import tiny_drafter, tiny_target
+from tests.helpers.wordlevel import save_tiny_target_folder
+
+
+def _lowrank_copy(drafter: Eagle3Drafter, rank: int) -> Eagle3Drafter:
+    fac = lowrank_factorize(drafter.lm_head.weight.detach(), rank)
+    low = Eagle3Drafter(drafter.config.replace(head_rank=rank))
+    state = {k: v for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
+    state.update({"lm_head.up.weight": fac.W_up, "lm_head.down.weight": fac.W_down})
+    low.load_state_dict(state, strict=True)
+    return low.eval()
+
+
+def test_head_kind():
+    full = tiny_drafter()
+    assert [head_kind(None), head_kind(full), head_kind(_lowrank_copy(full, 8))] == [
+        "plain",
+        "full",
+        "lowrank",
+    ]
+    assert head_kind(tiny_drafter(draft_vocab_size=64)) == "trimmed"
+
+
+def test_cli_bench_e2e(tmp_path):
+    target = save_tiny_target_folder(tmp_path / "target", tiny_target(), ["a", "b", "c", "d", "e", "f"])
+    full = tiny_drafter()
+    paths = {"full": tmp_path / "full", "low": tmp_path / "low", "trim": tmp_path / "trim"}
+    save_drafter(full, paths["full"], include_embeddings=True)
+    save_drafter(_lowrank_copy(full, 8), paths["low"], include_embeddings=True)
+    save_drafter(trim_drafter(full, torch.arange(128), 64), paths["trim"], include_embeddings=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a b c"}\n{"turns": ["d e f a", "ignored second turn"]}\n')
+    args = [
+        "bench",
+        "e2e",
+        "--target",
+        str(target),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-new-tokens",
+        "6",
+        "--draft",
+        "chain",
+        "--json",
+    ]
+    for name, path in paths.items():
+        args += ["--drafter", f"{name}={path}"]
+    res = CliRunner().invoke(app, args + ["--drafter", f"lowrr={paths['low']}", "--rerank", "lowrr=16"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert list(rows) == ["none", "full", "low", "trim", "lowrr"]
+    assert [rows[n]["kind"] for n in rows] == ["plain", "full", "lowrank", "trimmed", "lowrank"]
+    assert (rows["low"]["rerank_k"], rows["lowrr"]["rerank_k"]) == (0, 16)
+    assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
+    assert summary["reference"] == "full" and summary["num_prompts"] == 2
+    # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
+    assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
+    full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    plain_ids = [p["output_ids"] for p in full_json["per_prompt"]["none"]]
+    for name in ("full", "low", "trim", "lowrr"):
+        assert [p["output_ids"] for p in full_json["per_prompt"][name]] == plain_ids
+        # tau = committed tokens / verification rounds, recomputed from the raw per-prompt stats.
+        per = full_json["per_prompt"][name]
+        tau = sum(sum(p["committed_per_cycle"]) for p in per) / sum(p["cycles"] for p in per)
+        assert rows[name]["tau"] == pytest.approx(tau)
+        assert 1.0 <= tau <= 6.0  # chain depth 5: k + 1 at most
+    assert rows["none"]["tau"] == 1.0  # plain decoding commits exactly one token per target forward
+    ref = rows["full"]
+    assert summary["kappa"] == pytest.approx(ref["head_ms"] / (ref["wall_ms"] - ref["head_ms"]))
+    assert (ref["nu"], ref["rho_tau"], ref["measured_rho_tps"]) == (1.0, 1.0, 1.0)
+    low = rows["low"]
+    assert low["rho_tau"] == pytest.approx(low["tau"] / ref["tau"])
+    assert low["predicted_rho_tps"] == pytest.approx(
+        predicted_speedup(low["rho_tau"], low["nu"], summary["kappa"])
+    )
+    assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
+    assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    md = (tmp_path / "out" / "e2e.md").read_text()
+    assert "| low | lowrank r=8 V_d=128 |" in md and "| lowrr | lowrank r=8 +rerank k=16 V_d=128 |" in md
+    bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
+    assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
+    assert bad.exit_code == 2 and "rerank: 'nope' is not one of the drafters" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "low=many"])
+    assert bad.exit_code == 2 and "--rerank 'low=many': expected NAME=K with an integer K" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "full=4"])
+    assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output

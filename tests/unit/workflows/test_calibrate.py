@@ -1,0 +1,162 @@
+"""Calibrated (data-whitened) factorisation: the Eckart-Young bound of ``W C^(1/2)``, the moment of
+the drafter's head input, and ``slimspec convert --calibration-data``.
+
+Reference values: singular values of ``W C^(1/2)`` from ``torch.linalg.svdvals`` (float64) and
+errors measured directly on the returned factors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from slimspec_convert.cli.app import app
+from slimspec_convert.data.examples import build_examples, collate
+from slimspec_convert.data.records import read_conversations
+from slimspec_convert.lowrank.calibrated import calibrated_factorize
+from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
+from slimspec_convert.model.ttt import shift_left, ttt_unroll
+from slimspec_convert.target.forward import target_forward
+from slimspec_convert.workflows.calibrate import head_input_moment
+from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
+from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
+
+AUX = (2, 3, 4)
+
+
+def _anisotropic(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    """[n, d] hidden states with scales spread over three decades and a common offset."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(1, -2, d, dtype=torch.float64)
+    basis = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * scales
+    return x @ basis.T + 0.5 * torch.randn(d, generator=g, dtype=torch.float64)
+
+
+def _damped_half(C: torch.Tensor, damp: float) -> torch.Tensor:
+    d = C.shape[0]
+    Cd = C + damp * C.diagonal().sum() / d * torch.eye(d, dtype=torch.float64)
+    lam, P = torch.linalg.eigh(Cd)
+    return (P * lam.sqrt()) @ P.T
+
+
+def _logit_error(W, W_up, W_down, half) -> float:
+    W = W.double()
+    E = (W - W_up.double() @ W_down.double()) @ half
+    return float(torch.linalg.norm(E) / torch.linalg.norm(W @ half))
+
+
+@pytest.mark.parametrize("damp", [1e-6, 0.01, 0.3])
+def test_calibrated_factors_meet_the_eckart_young_bound_of_w_c_half(damp):
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(300, 24, generator=g)
+    X = _anisotropic(4000, 24)
+    C = X.T @ X / X.shape[0]
+    r = 5
+    fac = calibrated_factorize(W, r, C, damp=damp, out_dtype=torch.float64)
+    half = _damped_half(C, damp)
+    s = torch.linalg.svdvals(W.double() @ half)
+    bound = float((s[r:] ** 2).sum().sqrt() / (s**2).sum().sqrt())
+    assert fac.method == "calibrated" and fac.W_up.shape == (300, r) and fac.W_down.shape == (r, 24)
+    assert fac.logit_relative_error == pytest.approx(bound, rel=1e-6)
+    assert _logit_error(W, fac.W_up, fac.W_down, half) == pytest.approx(bound, rel=1e-6)
+    assert fac.energy_retained == pytest.approx(1 - bound**2, rel=1e-9)
+    assert fac.relative_error == pytest.approx(relative_error(W, fac.W_up, fac.W_down), rel=1e-6)
+    plain = lowrank_factorize(W, r, method="exact", out_dtype=torch.float64)
+    assert fac.svd_logit_relative_error == pytest.approx(
+        _logit_error(W, plain.W_up, plain.W_down, half), rel=1e-6
+    )
+    assert fac.logit_relative_error < fac.svd_logit_relative_error  # strictly, for these spectra
+    assert fac.relative_error > plain.relative_error  # it pays in weight space
+
+
+def test_calibrated_beats_plain_svd_on_held_out_hidden_states():
+    g = torch.Generator().manual_seed(2)
+    W = torch.randn(500, 32, generator=g)
+    X = _anisotropic(3000, 32, seed=3)
+    held_out = _anisotropic(3000, 32, seed=3)[1500:]  # same distribution, other draws
+    fac = calibrated_factorize(W, 4, X[:1500].T @ X[:1500] / 1500)
+    plain = lowrank_factorize(W, 4, method="exact")
+
+    def err(f):
+        z = held_out.float() @ W.T
+        return float(torch.linalg.norm(z - (held_out.float() @ f.W_down.T) @ f.W_up.T) / torch.linalg.norm(z))
+
+    assert err(fac) < 0.5 * err(plain)
+
+
+def test_isotropic_moment_gives_the_plain_truncated_svd():
+    g = torch.Generator().manual_seed(4)
+    W = torch.randn(200, 16, generator=g, dtype=torch.float64)
+    fac = calibrated_factorize(W, 3, torch.eye(16, dtype=torch.float64))
+    plain = lowrank_factorize(W, 3, method="exact")
+    assert torch.allclose(fac.W_up @ fac.W_down, plain.W_up @ plain.W_down, atol=1e-10)
+    assert fac.relative_error == pytest.approx(plain.relative_error, rel=1e-9)
+    assert fac.logit_relative_error == pytest.approx(fac.svd_logit_relative_error, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "shape,moment,damp,match",
+    [
+        ((64, 8), torch.eye(7), 0.01, r"second moment has shape \(7, 7\), expected \[8, 8\]"),
+        ((64, 8), torch.full((8, 8), float("nan")), 0.01, "not finite or has no positive trace"),
+        ((64, 8), torch.zeros(8, 8), 0.01, "not finite or has no positive trace"),
+        ((64, 8), torch.eye(8), 0.0, "damp=0.0: expected > 0"),
+        ((6, 8), torch.eye(8), 0.01, "needs a head with V_d >= d"),
+    ],
+)
+def test_calibrated_factorize_rejects_bad_input(shape, moment, damp, match):
+    with pytest.raises(ValueError, match=match):
+        calibrated_factorize(torch.randn(*shape), 2, moment, damp=damp)
+
+
+def test_head_input_moment_is_the_mean_outer_product_over_every_ttt_step():
+    tok = tiny_tokenizer()
+    convs = read_conversations([DATA / "train" / "gsm8k" / "train.jsonl"])[:12]
+    examples = build_examples(tok, convs, 64)[:6]
+    drafter, target = tiny_drafter(seed=2), tiny_target()
+    cal = head_input_moment(drafter, target, examples, pad_id=tok.pad_token_id, ttt_steps=2, batch_size=4)
+    batches = [collate(examples[:4], tok.pad_token_id), collate(examples[4:], tok.pad_token_id)]
+    rows = sum(int(shift_left(b["loss_mask"].bool(), 2 + s, False).sum()) for b in batches for s in range(2))
+    assert cal.rows == rows > 0
+    with torch.no_grad():
+        hs = []
+        for b in batches:
+            out = target_forward(target, b["input_ids"], AUX, attention_mask=b["attention_mask"])
+            for st in ttt_unroll(drafter, b["input_ids"], out.aux_hidden.float(), b["loss_mask"], 2):
+                hs.append(drafter.norm(st.hidden[st.valid]).double())
+    h = torch.cat(hs)
+    assert torch.allclose(cal.second_moment, h.T @ h / h.shape[0], rtol=1e-5, atol=1e-8)
+
+
+def test_cli_convert_with_calibration_data(tmp_path):
+    target = tiny_target()
+    tpath = save_tiny_target(target, tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tpath)
+    drafter = tiny_drafter(seed=6)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    src = write_layout(drafter, "specforge", tmp_path / "src")
+    data = DATA / "train" / "gsm8k" / "train.jsonl"
+    runner = CliRunner()
+    args = ["convert", str(src), str(tmp_path / "out"), "--rank", "4", "--target", str(tpath)]
+    result = runner.invoke(
+        app, [*args, "--calibration-data", str(data), "--calibration-samples", "8", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "slimspec_report.json").read_text())
+    cal = report["calibration"]
+    assert report["svd_method"] == "calibrated" and cal["rows"] > 0 and "8 conversations" in cal["source"]
+    assert cal["logit_relative_error"] < cal["svd_logit_relative_error"]
+    w = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert w["lm_head.up.weight"].shape == (128, 4) and w["lm_head.down.weight"].shape == (4, 32)
+    other = tmp_path / "out2"
+    result = runner.invoke(
+        app, ["convert", str(src), str(other), "--rank", "4", "--calibration-data", str(data)]
+    )
+    assert result.exit_code == 2 and "--calibration-data needs --target" in result.output
+    assert not other.exists()
