@@ -8,6 +8,7 @@ from typing import Any
 
 TRAIN_CHOICES = ("head", "head+lora", "all", "body")
 TEACHER_CHOICES = ("target", "drafter")
+DATA_SOURCES = ("target", "human")  # train on the target's own answers (on-policy) or on the files' answers
 
 
 # Upstream defaults (eagle3-formats.md section 7): SpecForge / EAGLE unroll 7 steps, weights 0.8^s.
@@ -49,6 +50,12 @@ class FinetuneConfig:
     num_workers_hint: int = 0
     bf16_autocast: bool = True  # used only where the hardware supports bf16 (CUDA)
     max_eval_fraction: float = 0.05  # held-out share of the data when no --eval-data is given
+    data_source: str = "target"  # on-policy: the target answers the prompts of --data (distilled, cached)
+    metric_prompts: int = 16  # held-out prompts the target answers for the on-policy chain metric
+    metric_depth: int = 3  # k of the greedy chain whose predicted tau selects the kept checkpoint
+    metric_new_tokens: int = 64  # answer length of the metric's held-out prompts
+    measure_prompts: int = 4  # held-out prompts decoded for the final measured tau (0 = skip)
+    distill_new_tokens: int = 256  # answer length cap of the distilled training data
 
     def __post_init__(self) -> None:
         if self.train not in TRAIN_CHOICES:
@@ -83,6 +90,18 @@ class FinetuneConfig:
             raise ValueError(f"FinetuneConfig.ttt_decay={self.ttt_decay}: expected 0 < decay <= 1")
         if self.warmup_steps < 0:
             raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
+        if self.data_source not in DATA_SOURCES:
+            raise ValueError(
+                f"FinetuneConfig.data_source={self.data_source!r}: expected one of {DATA_SOURCES}"
+            )
+        for name in ("metric_prompts", "metric_depth", "metric_new_tokens", "distill_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"FinetuneConfig.{name}={getattr(self, name)}: expected >= 1")
+        if not 0 <= self.measure_prompts <= self.metric_prompts:
+            raise ValueError(
+                f"FinetuneConfig.measure_prompts={self.measure_prompts}: expected 0 <= N <= "
+                f"metric_prompts={self.metric_prompts} (they are the first held-out prompts)"
+            )
         if not 0 < self.max_eval_fraction < 1:
             raise ValueError(f"FinetuneConfig.max_eval_fraction={self.max_eval_fraction}: expected in (0, 1)")
 

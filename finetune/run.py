@@ -3,18 +3,30 @@ drafter for a target that has none). Paths in, a :class:`~finetune.loop.TrainRes
 
 from __future__ import annotations
 
+import copy
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from finetune.config import FinetuneConfig
+from finetune.onpolicy import chain_scorer, measure_kept, prepare_onpolicy
 from finetune.train.init import new_drafter_for_target
-from finetune.train.trainer import STATE_NAME, Trainer, TrainResult, copy_head, maybe_init_distributed
+from finetune.train.trainer import (
+    REPORT_NAME,
+    STATE_NAME,
+    Trainer,
+    TrainResult,
+    copy_head,
+    maybe_init_distributed,
+)
+from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.examples import load_examples, split_heldout, token_counts
 from slimspec_convert.data.records import DataStats
+from slimspec_convert.model.config import default_aux_boundaries
 from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.load import load_target
+from slimspec_convert.target.load import load_target, num_target_layers
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -65,14 +77,12 @@ def train_drafter(
     maybe_init_distributed()
     _check_out(out, resume, force)
     model, tok = load_target(target)
-    examples, stats = load_examples(
-        tok, data, cfg.max_length, target_model=model, self_distill=self_distill, cache_dir=out
-    )
-    train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
-    counts = token_counts(train_ex, int(model.config.vocab_size)) if draft_vocab_size else None
+    aux = default_aux_boundaries(num_target_layers(model))  # what new_drafter_for_target reads
+    runs = _data(model, tok, aux, data, out, cfg, eval_data, self_distill)
+    counts = token_counts(runs.train, int(model.config.vocab_size)) if draft_vocab_size else None
     drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed)
-    meta = _meta("train-drafter", str(target), data, cfg, stats)
-    return _run(drafter, model, tok, train_ex, eval_ex, cfg, out, resume=resume, meta=meta)
+    meta = _meta("train-drafter", str(target), data, cfg, runs.stats)
+    return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
 
 
 def _train_eval(tok, examples, eval_data, cfg):
@@ -127,29 +137,58 @@ def finetune(
             )
         teacher, _ = load_drafter(teacher_drafter, target=model)
         teacher_head = copy_head(teacher.float())
+    runs = _data(
+        model, tok, resolve_aux_layers(drafter.config, model), data, out, cfg, eval_data, self_distill
+    )
+    meta = _meta("finetune", str(target), data, cfg, runs.stats)
+    return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta, teacher_head=teacher_head)
+
+
+@dataclass
+class _RunData:
+    train: list
+    eval: list
+    stats: DataStats
+    scorer: Any = None  # the on-policy chain metric (None with data_source='human')
+    heldout_prompts: list[str] = field(default_factory=list)
+
+
+def _data(model, tok, aux, data, out, cfg: FinetuneConfig, eval_data, self_distill) -> _RunData:
+    """Training and held-out data: on-policy (the target's answers, default) or the files' own answers."""
+    if cfg.data_source == "target":
+        od = prepare_onpolicy(model, tok, aux, data, out, cfg, eval_data)
+        return _RunData(
+            od.train, od.eval, od.stats, chain_scorer(od.onpolicy, cfg.metric_depth), od.heldout_prompts
+        )
     examples, stats = load_examples(
         tok, data, cfg.max_length, target_model=model, self_distill=self_distill, cache_dir=out
     )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
-    meta = _meta("finetune", str(target), data, cfg, stats)
-    return _run(
-        drafter, model, tok, train_ex, eval_ex, cfg, out, resume=resume, meta=meta, teacher_head=teacher_head
-    )
+    return _RunData(train_ex, eval_ex, stats)
 
 
-def _run(drafter, model, tok, train_ex, eval_ex, cfg, out, *, resume, meta, teacher_head=None) -> TrainResult:
-    """Check the drafter's aux layers against the target, build the Trainer and run it."""
+def _run(drafter, model, tok, runs: _RunData, cfg, out, *, resume, meta, teacher_head=None) -> TrainResult:
+    """Build the Trainer and run it; on-policy runs add the measured tau of the initial and kept drafter."""
     aux = resolve_aux_layers(drafter.config, model)
+    initial = copy.deepcopy(drafter) if runs.scorer is not None and cfg.measure_prompts else None
     trainer = Trainer(
         drafter,
         model,
         aux,
-        train_ex,
-        eval_ex,
+        runs.train,
+        runs.eval,
         cfg,
         out,
         tok.pad_token_id,
         teacher_head=teacher_head,
         meta=meta,
+        scorer=runs.scorer,
     )
-    return trainer.run(resume=resume)
+    result = trainer.run(resume=resume)
+    if initial is not None and trainer.rank == 0:
+        prompts = runs.heldout_prompts[: cfg.measure_prompts]
+        result.extra["measured"] = measure_kept(
+            model, tok, initial, Path(out), prompts, cfg.metric_depth, cfg.metric_new_tokens
+        )
+        atomic_write_json(Path(out) / REPORT_NAME, result.to_dict())
+    return result

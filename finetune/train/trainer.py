@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,19 @@ class TrainResult:
             f"best step {self.best.get('step')}, {self.steps} steps, "
             f"{self.tokens_per_s:.0f} training tokens/s, {self.seconds:.0f} s"
         )
+        sel = self.extra.get("selection")
+        if sel and sel.get("gain") is not None:
+            verdict = "improved on" if sel["improved"] else "kept"
+            lines.append(
+                f"selected by {sel['score_kind']}: {verdict} the initial drafter "
+                f"({sel['initial_score']:.4f} -> {sel['kept_score']:.4f}, {sel['gain']:+.4f})"
+            )
+        meas = self.extra.get("measured")
+        if meas:
+            lines.append(
+                f"measured greedy chain-{meas['depth']} tau on {meas['num_prompts']} held-out prompts: "
+                f"initial {meas['initial_tau']:.3f}, kept {meas['kept_tau']:.3f}"
+            )
         return "\n".join(lines)
 
 
@@ -197,6 +211,9 @@ class Trainer:
         pad_id: padding token id.
         teacher_head: with ``cfg.teacher == 'drafter'``, the original dense head [V_d, d] module.
         meta: extra provenance written into the saved drafter's config.
+        scorer: drafter -> an object with ``predicted_tau`` and ``to_dict()`` (the on-policy chain
+            metric, :func:`slimspec_convert.measure.chain_acceptance.chain_acceptance`); when given, it
+            is the selection score (the initial drafter included), else the teacher-forced chain score.
     """
 
     def __init__(
@@ -211,6 +228,7 @@ class Trainer:
         pad_id: int,
         teacher_head: nn.Module | None = None,
         meta: dict[str, Any] | None = None,
+        scorer: Callable[[Eagle3Drafter], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.target = target_model
@@ -226,6 +244,7 @@ class Trainer:
         if cfg.teacher == "drafter" and teacher_head is None:
             raise ValueError("teacher='drafter' needs the original full head (teacher_head)")
         self.teacher_head = teacher_head
+        self.scorer = scorer
         self.drafter = set_trainable(drafter, cfg)
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
         if not self.params:
@@ -362,15 +381,23 @@ class Trainer:
             _all_reduce(t)
         n = n_sum.clamp_min(1)
         acc = (acc_sum / n).tolist()
-        score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
-        return {
+        metrics = {
             "step": self.step,
-            "score": score,
+            "score": sum(math.prod(acc[: s + 1]) for s in range(len(acc))),
+            "score_kind": "teacher-forced expected accepted drafts (chain of ttt_steps)",
             "acceptance": acc,
             "top1": (top_sum / n).tolist(),
             "kl": (kl_sum / n).tolist(),
             "positions": int(n_sum[0].item()),
         }
+        if self.scorer is not None:
+            onpolicy = self.scorer(self.drafter)
+            metrics.update(
+                score=onpolicy.predicted_tau,
+                score_kind="on-policy predicted chain tau",
+                onpolicy=onpolicy.to_dict(),
+            )
+        return metrics
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -426,6 +453,18 @@ class Trainer:
         meta = {**self.meta, "finetune": self.cfg.to_dict(), "heldout": metrics}
         save_drafter(export_drafter(self.drafter), self.out, extra_config={"training": meta})
 
+    def selection(self) -> dict[str, Any]:
+        """Which checkpoint was kept and whether the run improved on the initial drafter (its score)."""
+        before, best = self.before.get("score"), self.best.get("score")
+        return {
+            "score_kind": self.best.get("score_kind"),
+            "initial_score": before,
+            "kept_score": best,
+            "kept_step": self.best.get("step"),
+            "improved": bool(before is not None and best is not None and best > before),
+            "gain": None if before is None or best is None else best - before,
+        }
+
     # ---- the run -------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> TrainResult:
         """Train for ``cfg.steps`` optimizer steps (continuing from a checkpoint with resume)."""
@@ -472,6 +511,7 @@ class Trainer:
             best=self.best,
             tokens_per_s=tokens_total / max(train_seconds, 1e-9),
             seconds=time.perf_counter() - t0,
+            extra={"selection": self.selection()},
         )
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())

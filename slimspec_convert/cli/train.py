@@ -48,6 +48,16 @@ SelfDistill = Annotated[
     bool, typer.Option("--self-distill", help="let the target answer prompt-only records")
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the report as JSON")]
+DataSource = Annotated[
+    str,
+    typer.Option(
+        help="target: train on the target's own answers to the prompts of --data (distilled, cached in "
+        "OUT); human: on the files' own answers (the old recipe)"
+    ),
+]
+MetricPrompts = Annotated[int, typer.Option(help="held-out prompts of the on-policy chain metric")]
+MetricDepth = Annotated[int, typer.Option(help="k of the greedy chain whose predicted tau selects")]
+MeasurePrompts = Annotated[int, typer.Option(help="held-out prompts decoded for the measured tau (0 = skip)")]
 
 
 def _echo(result, json_out: bool) -> None:
@@ -80,6 +90,10 @@ def finetune(
     save_every: SaveEvery = _F.save_every,
     warmup_steps: Warmup = _F.warmup_steps,
     seed: Seed = _F.seed,
+    data_source: DataSource = _F.data_source,
+    metric_prompts: MetricPrompts = _F.metric_prompts,
+    metric_depth: MetricDepth = _F.metric_depth,
+    measure_prompts: MeasurePrompts = _F.measure_prompts,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -102,6 +116,10 @@ def finetune(
         save_every=save_every,
         warmup_steps=warmup_steps,
         seed=seed,
+        data_source=data_source,
+        metric_prompts=metric_prompts,
+        metric_depth=metric_depth,
+        measure_prompts=measure_prompts,
     )
     result = run_finetune(
         target,
@@ -141,6 +159,10 @@ def train_drafter(
     save_every: SaveEvery = _T.save_every,
     warmup_steps: Warmup = _T.warmup_steps,
     seed: Seed = _T.seed,
+    data_source: DataSource = _T.data_source,
+    metric_prompts: MetricPrompts = _T.metric_prompts,
+    metric_depth: MetricDepth = _T.metric_depth,
+    measure_prompts: MeasurePrompts = _T.measure_prompts,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -162,6 +184,10 @@ def train_drafter(
         save_every=save_every,
         warmup_steps=warmup_steps,
         seed=seed,
+        data_source=data_source,
+        metric_prompts=metric_prompts,
+        metric_depth=metric_depth,
+        measure_prompts=measure_prompts,
     )
     result = run_train_drafter(
         target,

@@ -411,3 +411,29 @@ def top1_agreement(
     if draft_target_ids is not None:
         draft_top = draft_target_ids[draft_top]
     return (draft_top == ref_logits.argmax(-1)).float()
+
+
+def chain_tau_from_agreement(agree: Tensor) -> tuple[list[float], list[float], float]:
+    """Predicted greedy chain tau from per-step agreement of teacher-forced draft steps.
+
+    A greedy chain of ``k`` drafts accepts draft ``j`` iff drafts ``1..j`` all equal the target's
+    tokens. With ``agree[s, n]`` = draft step ``s + 1`` at round start ``n`` equals the target's token
+    (the drafter fed the target's tokens before it, i.e. the accepted prefix), the share of rounds
+    accepting at least ``j`` drafts is ``p_j = mean_n prod_{s < j} agree[s, n]`` and the expected
+    tokens committed per verification is ``tau = 1 + sum_j p_j`` (the bonus token included).
+
+    Args:
+        agree: [k, N] bool, one column per round start.
+
+    Returns:
+        (prefix_rates p_1..p_k, step_rates a_j = p_j / p_{j-1} (0 where p_{j-1} = 0), tau).
+
+    Raises:
+        ValueError: no round start (N = 0) or a tensor that is not 2-D.
+    """
+    if agree.dim() != 2 or agree.shape[1] == 0:
+        raise ValueError(f"agreement tensor of shape {tuple(agree.shape)}: expected [k, N] with N >= 1")
+    prefix = agree.bool().cumprod(dim=0).double().mean(dim=1)  # [k]
+    rates = prefix.tolist()
+    steps = [rates[0]] + [rates[j] / rates[j - 1] if rates[j - 1] > 0 else 0.0 for j in range(1, len(rates))]
+    return rates, steps, 1.0 + float(prefix.sum())

@@ -13,6 +13,7 @@ import slimspec_convert.cli.train as cli_train
 from finetune.config import FinetuneConfig
 from slimspec_convert.cli import app
 from slimspec_convert.cli.app import csv_items
+from slimspec_convert.data.distill import DistillConfig
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.measure.e2e import BenchE2EConfig
 from slimspec_convert.measure.head_latency import BenchHeadConfig
@@ -31,6 +32,7 @@ OWNERS = {
     ("finetune",): ([FinetuneConfig], {}),
     ("train-drafter",): ([FinetuneConfig.for_new_drafter], {}),
     ("trim",): ([TrimConfig], {}),
+    ("distill",): ([DistillConfig], {}),
     ("rank-sweep",): ([RankSweepConfig], {}),
     ("bench", "head"): ([BenchHeadConfig], {}),
     ("bench", "e2e"): ([BenchE2EConfig], {"draft": "draft_method"}),

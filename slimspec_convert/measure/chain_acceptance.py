@@ -1,0 +1,241 @@
+"""An acceptance metric that tracks generation: the drafter teacher-forced on the target's own text.
+
+Teacher-forced agreement on human-written answers overstates what a drafter accepts in speculation,
+and can rise while real tau falls (the drafter is scored on text the target does not write). Here:
+
+1. held-out prompts are answered by the target itself (greedy ``model.generate``), once;
+2. one target forward over prompt + answer gives the aux hidden states (kept, computed once);
+3. the drafter runs the training-time-test unroll (:func:`~slimspec_convert.model.ttt.ttt_unroll`)
+   over that text: TTT step ``s`` at position ``t`` is exactly the ``(s+1)``-th draft of a chain
+   round whose last committed token is ``x_{t+1}``, given that the drafts before it were accepted;
+4. greedy acceptance is top-1 agreement with the target's next token, and the predicted chain tau
+   is ``1 + p_1 + ... + p_k`` with ``p_j`` the share of round starts whose first ``j`` drafts all
+   agree (:func:`~slimspec_convert.decoding.speculative.chain_tau_from_agreement`).
+
+Every answer position with a full chain ahead of it is a round start, so the prediction averages over
+round starts where real decoding visits only some; ``measured_chain_tau`` runs real speculative
+decoding on the same prompts for comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from slimspec_convert.data.distill import DistillConfig, generate_answers
+from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.speculative import chain_tau_from_agreement, tau_from_committed
+from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.model.ttt import shift_left, ttt_unroll
+from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.target.forward import target_forward
+
+
+@dataclass
+class OnPolicyEval:
+    """Held-out prompts with the target's greedy answers and its aux hidden states (computed once).
+
+    Attributes:
+        prompts: the user prompts.
+        input_ids: [N, T] int64, prompt + answer, right-padded with 0.
+        answer_mask: [N, T] bool, True on answer tokens.
+        aux_hidden: [N, T, K*dt] the target's aux hidden states (target dtype).
+        aux_layers: the boundaries they were captured at.
+    """
+
+    prompts: list[str]
+    input_ids: Tensor
+    answer_mask: Tensor
+    aux_hidden: Tensor
+    aux_layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ChainAcceptance:
+    """Predicted greedy chain acceptance of a drafter on an :class:`OnPolicyEval`.
+
+    Attributes:
+        depth: k, drafts per round.
+        prefix_rates: p_1..p_k, the share of round starts accepting at least j drafts.
+        step_rates: a_1..a_k, acceptance of draft j given drafts < j were accepted.
+        predicted_tau: 1 + sum_j p_j (tokens per verification, bonus included).
+        num_positions: round starts averaged.
+    """
+
+    depth: int
+    prefix_rates: tuple[float, ...]
+    step_rates: tuple[float, ...]
+    predicted_tau: float
+    num_positions: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def build_onpolicy_eval(
+    model,
+    tokenizer,
+    prompts: list[str],
+    aux_layers: tuple[int, ...],
+    *,
+    max_new_tokens: int = 64,
+    batch_size: int = 8,
+    system_prompt: str | None = None,
+) -> OnPolicyEval:
+    """Answer ``prompts`` with the target (greedy) and capture its aux hidden states on the answers.
+
+    Args:
+        model: target HF causal LM (eval mode).
+        tokenizer: its tokenizer (chat template).
+        prompts: held-out user prompts (never training prompts).
+        aux_layers: boundary ids the drafter reads (``resolve_aux_layers``).
+        max_new_tokens: answer length cap.
+        batch_size: prompts per ``generate`` / forward call.
+        system_prompt: None keeps the template's default.
+
+    Returns:
+        :class:`OnPolicyEval`.
+
+    Raises:
+        ValueError: no prompt.
+    """
+    if not prompts:
+        raise ValueError("on-policy evaluation needs at least one held-out prompt")
+    cfg = DistillConfig(batch_size=batch_size, max_new_tokens=max_new_tokens)
+    rows = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        texts = [
+            tokenizer.apply_chat_template(
+                ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+                + [{"role": "user", "content": p}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for p in chunk
+        ]
+        answers = generate_answers(model, tokenizer, texts, cfg)
+        for text, ans in zip(texts, answers, strict=True):
+            rows.append((tokenizer(text, add_special_tokens=False)["input_ids"], ans))
+    return onpolicy_eval_from_ids(model, rows, aux_layers, prompts=list(prompts), batch_size=batch_size)
+
+
+@torch.no_grad()
+def onpolicy_eval_from_ids(
+    model,
+    rows: list[tuple[list[int], list[int]]],
+    aux_layers: tuple[int, ...],
+    *,
+    prompts: list[str] | None = None,
+    batch_size: int = 8,
+) -> OnPolicyEval:
+    """An :class:`OnPolicyEval` from (prompt ids, the target's answer ids) pairs: one target forward each.
+
+    Raises:
+        ValueError: no row, or a row without answer tokens.
+    """
+    if not rows or any(not a for _, a in rows):
+        raise ValueError("on-policy evaluation needs rows with at least one answer token each")
+    T = max(len(p) + len(a) for p, a in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    answer = torch.zeros(len(rows), T, dtype=torch.bool)
+    for n, (p, a) in enumerate(rows):
+        ids[n, : len(p) + len(a)] = torch.tensor(list(p) + list(a))
+        answer[n, len(p) : len(p) + len(a)] = True
+    lengths = torch.tensor([len(p) + len(a) for p, a in rows])
+    aux = []
+    for i in range(0, len(rows), batch_size):
+        mask = (torch.arange(T) < lengths[i : i + batch_size, None]).long()  # [B, T] right padding
+        out = target_forward(
+            model, ids[i : i + batch_size].to(model.device), aux_layers, attention_mask=mask.to(model.device)
+        )
+        aux.append(out.aux_hidden.cpu())
+    names = prompts if prompts is not None else [str(p) for p, _ in rows]
+    return OnPolicyEval(names, ids, answer, torch.cat(aux), tuple(aux_layers))
+
+
+@torch.no_grad()
+def chain_agreement(
+    drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8
+) -> tuple[Tensor, Tensor]:
+    """Per round start, whether each of the ``depth`` teacher-forced drafts equals the target's token.
+
+    Round start ``(n, t)``: sequence ``n``, last committed token ``x_{t+1}`` (an answer token) with
+    the chain's last target token ``x_{t+1+k}`` inside the answer. Draft ``s + 1`` is TTT step ``s``
+    at position ``t`` and is compared with ``x_{t+2+s}``.
+
+    Returns:
+        (agree [k, N] bool, starts [N, 2] int64 of (n, t)).
+
+    Raises:
+        ValueError: depth < 1.
+    """
+    if depth < 1:
+        raise ValueError(f"chain depth k={depth}: expected >= 1")
+    was_training = drafter.training
+    drafter.eval()
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    device = next(p.device for p in drafter.parameters())
+    ids_map = draft_to_target_ids(drafter.d2t) if drafter.d2t is not None else None
+    columns, starts = [], []
+    for i in range(0, ev.input_ids.shape[0], batch_size):
+        ids = ev.input_ids[i : i + batch_size].to(device)
+        ans = ev.answer_mask[i : i + batch_size].to(device)
+        start = shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)  # [B, T]
+        agree = []
+        for st in ttt_unroll(drafter, ids, ev.aux_hidden[i : i + batch_size].to(device, dtype), ans, depth):
+            top = drafter.logits(st.hidden[start]).argmax(-1)  # [N] draft ids
+            top = ids_map[top] if ids_map is not None else top
+            agree.append(top == shift_left(ids, 2 + st.step, 0)[start])
+        columns.append(torch.stack(agree).cpu())  # [k, N]
+        rows, pos = start.nonzero(as_tuple=True)
+        starts.append(torch.stack([rows.cpu() + i, pos.cpu()], dim=1))
+    drafter.train(was_training)
+    return torch.cat(columns, dim=1), torch.cat(starts)
+
+
+def chain_acceptance(
+    drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8
+) -> ChainAcceptance:
+    """Predicted greedy chain tau of ``drafter`` on the target's own answers (module docstring).
+
+    Args:
+        drafter: the drafter (any head; its ``d2t`` maps draft ids to target ids).
+        ev: the held-out set from :func:`build_onpolicy_eval` (same aux layers as the drafter).
+        depth: k, drafts per chain round (>= 1).
+        batch_size: sequences per unroll.
+
+    Returns:
+        :class:`ChainAcceptance`.
+
+    Raises:
+        ValueError: depth < 1, or no answer long enough for one full chain.
+    """
+    agree, _ = chain_agreement(drafter, ev, depth, batch_size)
+    if agree.shape[1] == 0:
+        raise ValueError(f"no held-out answer is longer than a chain of {depth} drafts")
+    prefix, steps, tau = chain_tau_from_agreement(agree)
+    return ChainAcceptance(depth, tuple(prefix), tuple(steps), tau, int(agree.shape[1]))
+
+
+def measured_chain_tau(
+    model, tokenizer, drafter: Eagle3Drafter, prompts: list[str], depth: int, max_new_tokens: int = 64
+) -> float:
+    """Real greedy chain speculative decoding of ``prompts``: tokens committed per verification.
+
+    Returns:
+        tau over all prompts (accepted drafts + 1 bonus per verification).
+    """
+    gen = SpeculativeGenerator(
+        model,
+        tokenizer,
+        drafter,
+        DraftConfig(method="chain", depth=depth),
+        SamplingConfig(max_new_tokens=max_new_tokens),
+    )
+    committed = [c for r in gen.generate(list(prompts)) for c in r.stats.committed_per_cycle]
+    return float(tau_from_committed(committed))
