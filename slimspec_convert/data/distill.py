@@ -54,7 +54,7 @@ class DistillConfig:
         max_prompt_tokens: longer rendered prompts are skipped (counted).
     """
 
-    batch_size: int = 16
+    batch_size: int = 64  # CPU: 143 tokens/s at 64 vs 55 at 16 (SmolLM2-135M, 2 cores)
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
