@@ -1,0 +1,113 @@
+"""Issue 14: bad input never passes silently. Each hole is reproduced through the public CLI: exit code
+2, one line ``error: ...`` naming the file and the field or tensor, nothing written, nothing lost.
+
+The reference for "refused" in the safetensors cases is the safetensors library's own reader.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import SafetensorError, safe_open
+from typer.testing import CliRunner
+
+from slimspec_convert.cli import app
+from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
+from tests.helpers.models import tiny_drafter, tiny_target, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """(model, folder with tokenizer) of the tiny 6-layer target (V=128, d=32)."""
+    model = tiny_target()
+    folder = save_tiny_target(model, tmp_path_factory.mktemp("target"))
+    tiny_tokenizer().save_pretrained(folder)
+    return model, folder
+
+
+@pytest.fixture
+def drafter_dir(target, tmp_path):
+    """A SpecForge-layout drafter without aux layer ids (so K comes from the EAGLE-3 default, 3)."""
+    drafter = tiny_drafter(aux_layer_ids=None)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target[0].get_input_embeddings().weight)
+    return write_layout(drafter, "specforge", tmp_path / "drafter")
+
+
+def commands(target_dir, drafter, out):
+    """Every command that reads a drafter: inspect, convert, generate, finetune."""
+    return [
+        ["inspect", str(drafter)],
+        ["convert", str(drafter), str(out), "--rank", "4"],
+        ["generate", "--target", str(target_dir), "--drafter", str(drafter), "--prompt", "a b"],
+        ["finetune", "--target", str(target_dir), "--drafter", str(drafter), "--data", "x.jsonl"]
+        + ["--out", str(out)],
+    ]
+
+
+def refused(args, match: str) -> str:
+    """Run the CLI; assert exit 2, no traceback and one ``error:`` line, the last, containing ``match``.
+
+    Commands that load the target first may print transformers' weight-loading progress bar before it.
+    """
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, (args, result.output)
+    assert "Traceback" not in result.output, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and result.output.count("error:") == 1, result.output
+    assert match in line, line
+    return line
+
+
+def assert_nothing_written(tmp_path, name="out"):
+    assert not (tmp_path / name).exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def _rewrite_header(path, edit):
+    """Rewrite a safetensors file's JSON header with ``edit(header)``, keeping the data bytes."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n :])
+
+
+# ---- 3: overlapping byte ranges -------------------------------------------------------------------
+A, B = "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight"
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda h: h[B].update(data_offsets=h[A]["data_offsets"]), "overlapping"),
+        (lambda h: h.pop(A), "of the data section but the tensors before it end at"),
+    ],
+    ids=["overlap", "gap"],
+)
+def test_safetensors_byte_ranges_must_tile_the_data(target, drafter_dir, tmp_path, edit, match):
+    weights = drafter_dir / "model.safetensors"
+    _rewrite_header(weights, edit)
+    with pytest.raises(SafetensorError):  # the reference reader refuses the file too
+        safe_open(str(weights), framework="pt")
+    for args in commands(target[1], drafter_dir, tmp_path / "out"):
+        line = refused(args, match)
+        assert f"{weights}: tensor '" in line
+    assert_nothing_written(tmp_path)
+
+
+def test_safetensors_trailing_bytes_and_duplicate_keys(drafter_dir, tmp_path):
+    weights = drafter_dir / "model.safetensors"
+    clean = weights.read_bytes()
+    weights.write_bytes(clean + b"\0" * 8)
+    refused(["inspect", str(drafter_dir)], "data section holds")
+    n = int.from_bytes(clean[:8], "little")
+    header = clean[8 : 8 + n].decode().rstrip()
+    dup = header[:-1] + f', "{A}": ' + json.dumps(json.loads(header)[A]) + "}"
+    raw = dup.encode() + b" " * (-len(dup) % 8)
+    weights.write_bytes(len(raw).to_bytes(8, "little") + raw + clean[8 + n :])
+    refused(["inspect", str(drafter_dir)], f"{weights}: tensor '{A}' appears twice")
