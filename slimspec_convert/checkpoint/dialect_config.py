@@ -33,6 +33,12 @@ from slimspec_convert.model.config import (
 NORM_OUTPUT_SEMANTICS = ("auto", "specforge", "engine")
 
 
+DEFAULT_NUM_AUX = 3  # low, middle, high target layers (eagle3-formats.md section 6)
+
+
+_AUX_IDS = "eagle_aux_hidden_state_layer_ids"
+
+
 SPECFORGE_NORM_OUTPUT = ("eagle", "specforge", "torchspec")  # trainers whose norm_output = "norm before head"
 
 
@@ -200,10 +206,14 @@ def _head(ctx: ConfigContext, d: int, vocab: int) -> tuple[int | None, int, bool
 
 
 def _num_aux(ctx: ConfigContext, d: int) -> tuple[int, bool]:
-    """(K, use_aux_hidden_state): K from fc's input width K * dt (P17), cross-checked with the config."""
+    """(K, use_aux_hidden_state): K from fc's input width K * dt (P17), cross-checked with the config.
+
+    A config without aux ids or ``num_aux_hidden_states`` implies the EAGLE-3 default K = 3 (the
+    aux-layer resolver then captures three layers), so fc must take 3 * dt columns.
+    """
     dt = ctx.flat.get("target_hidden_size") or d
     use_aux = bool(ctx.eagle_config.get("use_aux_hidden_state", True))
-    num_aux = 3
+    num_aux = DEFAULT_NUM_AUX
     if FC_KEY in ctx.tensors:
         in_features = ctx.tensors[FC_KEY].shape[1]
         if in_features % dt:
@@ -212,6 +222,19 @@ def _num_aux(ctx: ConfigContext, d: int) -> tuple[int, bool]:
                 f"target_hidden_size={dt}"
             )
         num_aux = in_features // dt
+        declared = (
+            ctx.flat.get(_AUX_IDS),
+            ctx.eagle_config.get(_AUX_IDS),
+            ctx.flat.get("num_aux_hidden_states"),
+        )
+        if num_aux != DEFAULT_NUM_AUX and all(x is None for x in declared):
+            # K read off fc's own width alone would define the very shape fc is checked against
+            raise CheckpointError(
+                f"{ctx.tensors[FC_KEY].origin} has shape {list(ctx.tensors[FC_KEY].shape)}, expected "
+                f"[{d}, {DEFAULT_NUM_AUX * dt}] from config.json: hidden_size={d}, {DEFAULT_NUM_AUX} aux "
+                f"states of target_hidden_size={dt} (no aux layer ids or num_aux_hidden_states, so the "
+                "EAGLE-3 default of 3 applies)"
+            )
     elif use_aux:
         raise CheckpointError(
             f"{ctx.where.parent}: missing tensor '{FC_KEY}' (eagle_config.use_aux_hidden_state is not false)"

@@ -54,6 +54,7 @@ from slimspec_convert.checkpoint.names import (
     VLLM_FUSED,
 )
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, TensorRef
+from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import VocabMapError, t2d_from_d2t, validate_vocab_maps
@@ -197,7 +198,8 @@ def resolve_checkpoint(
 ) -> ResolvedCheckpoint:
     """Read config.json and the weight-file headers of a drafter and map them onto canonical names.
 
-    Nothing but headers and the small ``d2t`` / ``t2d`` tensors is read. Every canonical tensor
+    Headers and the small ``d2t`` / ``t2d`` tensors are read, then every float tensor once in row
+    blocks (memory-mapped) to refuse NaN/inf wherever it is. Every canonical tensor
     is accounted for: from the file (with its file and key), rebuilt (``t2d`` from ``d2t`` for
     ModelOpt), or missing (``embed_tokens`` and a head-less ModelOpt/SGLang drafter's ``lm_head``,
     which the caller borrows from the target).
@@ -216,7 +218,8 @@ def resolve_checkpoint(
 
     Raises:
         CheckpointError: unknown layout, missing config field, unexpected / missing / mis-shaped
-            tensor, inconsistent vocab maps, unsupported variant; the message names file and field.
+            tensor, inconsistent vocab maps, unsupported variant, NaN/inf in any float tensor; the
+            message names file and field.
         FileNotFoundError: the folder does not exist.
     """
     p = Path(path)
@@ -255,6 +258,7 @@ def resolve_checkpoint(
     cfg = result.config
     rebuilt = _vocab(cfg, ctx.tensors, files, ctx.warnings, ctx.ignored)
     ordered = _validate(cfg, ctx.tensors, files, result.head_missing)
+    check_finite(ordered.values())
     report = LoadReport(
         path=str(p),
         source_format=fmt,
@@ -318,6 +322,20 @@ def _vocab(
         warnings.append("no t2d in the file (ModelOpt and vLLM ship none): rebuilt from d2t")
         return [T2D_KEY]
     return []
+
+
+def check_finite(tensors) -> None:
+    """Refuse NaN/inf in any float tensor (each read once in row blocks, no full-size copy).
+
+    Args:
+        tensors: :class:`CanonicalTensor` objects.
+
+    Raises:
+        CheckpointError: ``{file}: '{key}' has N NaN/inf entries``.
+    """
+    for ct in tensors:
+        if ct.dtype.is_floating_point and (bad := count_nonfinite(ct.view())):
+            raise CheckpointError(f"{ct.origin} has {bad} NaN/inf entries; the checkpoint is corrupt")
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -18,9 +18,7 @@ from slimspec_convert.checkpoint.names import (
     CONFIG_NAME,
     D2T_KEY,
     EMBED_KEY,
-    LM_HEAD_DOWN_KEY,
     LM_HEAD_KEY,
-    LM_HEAD_UP_KEY,
     SLIMSPEC_SECTION,
     TARGET_EMBED_KEYS,
     TARGET_HEAD_KEY,
@@ -177,12 +175,7 @@ def load_drafter(
     res = resolve_checkpoint(
         path, target_num_layers=tgt.num_layers if tgt else None, norm_output_semantics=norm_output_semantics
     )
-    state = {}
-    for k, ct in res.tensors.items():
-        t = ct.load()
-        if t.is_floating_point() and (bad := count_nonfinite(t)):
-            raise CheckpointError(f"{ct.origin} has {bad} NaN/inf entries")
-        state[k] = t
+    state = {k: ct.load() for k, ct in res.tensors.items()}  # every float tensor checked finite by resolve
     for key in borrowed_keys(res):
         state[key] = borrow(key, res, tgt)
     where = ", ".join(res.report.files)
@@ -194,8 +187,8 @@ def inspect_drafter(
 ) -> LoadReport:
     """Describe a drafter checkpoint without building it: layout, geometry, flags, vocab, provenance.
 
-    Validates what :func:`load_drafter` validates (keys, shapes, vocab maps, NaN/inf in the head)
-    but reads only headers, the vocab maps and the head (in row blocks).
+    Validates what :func:`load_drafter` validates (keys, shapes, vocab maps, NaN/inf in any float
+    tensor) but reads only headers, the vocab maps and each float tensor once in row blocks.
 
     Args:
         path: checkpoint folder.
@@ -213,9 +206,6 @@ def inspect_drafter(
     res = resolve_checkpoint(
         path, target_num_layers=tgt.num_layers if tgt else None, norm_output_semantics=norm_output_semantics
     )
-    for key in (LM_HEAD_KEY, LM_HEAD_UP_KEY, LM_HEAD_DOWN_KEY):
-        if key in res.tensors and (bad := count_nonfinite(res.tensors[key].view())):
-            raise CheckpointError(f"{res.tensors[key].origin} has {bad} NaN/inf entries")
     for key in borrowed_keys(res):
         res.report.tensors[key] = "needs the target (not in the file)"
         res.report.warnings.append(f"'{key}' is not in the file: load_drafter borrows it from the target")
@@ -234,7 +224,7 @@ def borrow(key: str, res: ResolvedCheckpoint, tgt: TargetTensors | None) -> Tens
     A trimmed drafter without a head gets the target rows ``i + d2t[i]``. The report records it.
 
     Raises:
-        CheckpointError: no target given, or its table has the wrong shape.
+        CheckpointError: no target given, or its table has the wrong shape or NaN/inf entries.
     """
     cfg = res.config
     if tgt is None:
@@ -253,6 +243,8 @@ def borrow(key: str, res: ResolvedCheckpoint, tgt: TargetTensors | None) -> Tens
             f"target {tgt.description}: its table has shape {list(t.shape)}, the drafter needs "
             f"'{key}' {list(want)} (target hidden size != drafter hidden size?)"
         )
+    if bad := count_nonfinite(t):
+        raise CheckpointError(f"target {tgt.description}: its '{key}' table has {bad} NaN/inf entries")
     res.report.borrowed.append(key)
     res.report.tensors[key] = f"borrowed from target {tgt.description}"
     return t

@@ -37,7 +37,7 @@ from slimspec_convert.checkpoint.names import (
 from slimspec_convert.checkpoint.save import hf_config_dict
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, write_safetensors
 from slimspec_convert.dtypes import DTYPES
-from slimspec_convert.lowrank.blocks import NonFiniteError
+from slimspec_convert.lowrank.blocks import NonFiniteError, count_nonfinite
 from slimspec_convert.lowrank.calibrated import (
     DEFAULT_CALIBRATION_DAMP,
     HeadCalibration,
@@ -418,6 +418,8 @@ def _full_vocab_head(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> 
             f"full_vocab: target {tgt.description} has {H.shape[0]} head rows but the drafter's "
             f"vocab_size is {cfg.vocab_size}; is it the drafter's target?"
         )
+    if bad := count_nonfinite(H):
+        raise CheckpointError(f"full_vocab: target {tgt.description}: its lm_head has {bad} NaN/inf entries")
     full = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=W.dtype)
     for start in range(0, full.shape[0], 8192):
         full[start : start + 8192] = H[start : start + 8192]

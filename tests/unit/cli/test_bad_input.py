@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from slimspec_convert.cli import app
@@ -111,3 +112,27 @@ def test_safetensors_trailing_bytes_and_duplicate_keys(drafter_dir, tmp_path):
     raw = dup.encode() + b" " * (-len(dup) % 8)
     weights.write_bytes(len(raw).to_bytes(8, "little") + raw + clean[8 + n :])
     refused(["inspect", str(drafter_dir)], f"{weights}: tensor '{A}' appears twice")
+
+
+# ---- 4: NaN/inf outside the head -----------------------------------------------------------------
+def test_nonfinite_tensor_outside_the_head_is_refused(target, drafter_dir, tmp_path):
+    state = load_file(str(drafter_dir / "model.safetensors"))
+    state["fc.weight"][3, 5] = float("nan")
+    save_file(state, str(drafter_dir / "model.safetensors"))
+    for args in commands(target[1], drafter_dir, tmp_path / "out"):
+        refused(args, f"{drafter_dir / 'model.safetensors'}: 'fc.weight' has 1 NaN/inf entries")
+    assert_nothing_written(tmp_path)
+
+
+# ---- 5: a shape the config does not imply --------------------------------------------------------
+def test_fc_of_two_aux_states_for_a_three_state_config(target, drafter_dir, tmp_path):
+    state = load_file(str(drafter_dir / "model.safetensors"))
+    state["fc.weight"] = state["fc.weight"][:, :64].contiguous()  # [d, 2d]: K read off fc would be 2
+    save_file(state, str(drafter_dir / "model.safetensors"))
+    for args in commands(target[1], drafter_dir, tmp_path / "out"):
+        refused(
+            args,
+            f"{drafter_dir / 'model.safetensors'}: 'fc.weight' has shape [32, 64], expected [32, 96] "
+            "from config.json",
+        )
+    assert_nothing_written(tmp_path)
