@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slimspec_convert.checkpoint.names import (
+    EMBED_KEY,
     FC_BIAS_KEY,
     FC_KEY,
     FC_NORM_PREFIX,
@@ -112,12 +113,25 @@ def flat_config(config: dict[str, Any], fmt: str, where: Path) -> dict[str, Any]
     return {**layer, **{k: config[k] for k in _SPECULATORS_TOP_LEVEL if k in config}}
 
 
-def native_config(config: dict[str, Any], where: Path) -> DrafterConfig:
-    """The :class:`DrafterConfig` stored in a SlimSpec folder's ``slimspec`` section."""
+def native_config(config: dict[str, Any], where: Path, keys: Any) -> DrafterConfig:
+    """The :class:`DrafterConfig` stored in a SlimSpec folder's ``slimspec`` section.
+
+    ``own_embeddings`` follows the tensors present (``keys``); a folder whose config says it ships
+    its own ``embed_tokens`` but whose weights lack it is refused rather than given the target's table.
+
+    Raises:
+        CheckpointError: an invalid section, or ``own_embeddings`` without the table.
+    """
     try:
-        return DrafterConfig.from_dict(config[SLIMSPEC_SECTION]["drafter_config"])
+        cfg = DrafterConfig.from_dict(config[SLIMSPEC_SECTION]["drafter_config"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: invalid '{SLIMSPEC_SECTION}.drafter_config' ({e})") from e
+    if cfg.own_embeddings and EMBED_KEY not in keys:
+        raise CheckpointError(
+            f"{where}: '{SLIMSPEC_SECTION}.drafter_config.own_embeddings' is true but '{EMBED_KEY}' is not "
+            "in the weights; the drafter's own table was lost (the target's would silently replace it)"
+        )
+    return cfg.replace(own_embeddings=EMBED_KEY in keys)
 
 
 def _req_int(flat: dict[str, Any], name: str, where: Path) -> int:
@@ -382,6 +396,7 @@ def drafter_config(
             fc_bias=FC_BIAS_KEY in ctx.tensors,
             use_aux_hidden_state=use_aux,
             head_rank=head_rank,
+            own_embeddings=EMBED_KEY in ctx.tensors,
             source_format=ctx.fmt,
             **flags,
         )

@@ -235,8 +235,8 @@ def resolve_checkpoint(
             "dequantise it before converting (eagle3-formats.md P19)"
         )
     if fmt == "slimspec":
-        cfg = native_config(config, where)
         ctx = ConfigContext(config, fmt, where, _map_keys(refs, fmt, 0, 0, 0))
+        cfg = native_config(config, where, ctx.tensors)
         result = ConfigResult(
             cfg, list(cfg.aux_layer_ids or []) or None, cfg.aux_layer_ids_source, None, False
         )

@@ -14,9 +14,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from finetune.config import FinetuneConfig
+from finetune.run import finetune as run_finetune
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.cli import app
 from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
-from tests.helpers.models import tiny_drafter, tiny_target, tiny_tokenizer
+from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +140,36 @@ def test_fc_of_two_aux_states_for_a_three_state_config(target, drafter_dir, tmp_
             "from config.json",
         )
     assert_nothing_written(tmp_path)
+
+
+# ---- 1: finetune keeps a drafter's own embedding -------------------------------------------------
+@pytest.mark.parametrize("hidden_size", [32, 16], ids=["same-width", "narrower-than-target"])
+def test_finetune_saves_the_drafters_own_embedding(target, tmp_path, hidden_size):
+    drafter = tiny_drafter(seed=5, hidden_size=hidden_size, intermediate_size=48, target_hidden_size=32)
+    own = drafter.embed_tokens.weight.detach().clone()  # random: differs from the target's table
+    src = write_layout(drafter, "specforge", tmp_path / "src", with_embed=True)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join((DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:12]))
+    cfg = FinetuneConfig(
+        steps=1, ttt_steps=1, batch_size=2, max_length=32, eval_every=1, eval_batches=1, save_every=1
+    )
+    run_finetune(target[1], src, [data], tmp_path / "out", cfg)
+    loaded, report = load_drafter(tmp_path / "out", target[1])
+    assert report.borrowed == [] and "embed_tokens.weight" in report.tensors
+    assert torch.equal(loaded.embed_tokens.weight, own)  # frozen in training, so byte-identical
+    assert loaded.config.own_embeddings
+
+
+def test_a_table_that_cannot_be_borrowed_is_never_dropped(tmp_path):
+    drafter = tiny_drafter(hidden_size=16, intermediate_size=48, target_hidden_size=32)
+    with pytest.raises(
+        ValueError, match=r"include_embeddings=False, but the drafter's 'embed_tokens.weight'"
+    ):
+        save_drafter(drafter, tmp_path / "out", include_embeddings=False)
+    assert not (tmp_path / "out").exists()
+    save_drafter(drafter.float(), tmp_path / "out")  # default: written, since d=16 != dt=32
+    assert "embed_tokens.weight" in load_file(str(tmp_path / "out" / "model.safetensors"))
+    state = load_file(str(tmp_path / "out" / "model.safetensors"))
+    del state["embed_tokens.weight"]
+    save_file(state, str(tmp_path / "out" / "model.safetensors"))
+    refused(["inspect", str(tmp_path / "out")], "'slimspec.drafter_config.own_embeddings' is true but")
