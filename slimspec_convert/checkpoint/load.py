@@ -18,7 +18,9 @@ from slimspec_convert.checkpoint.names import (
     CONFIG_NAME,
     D2T_KEY,
     EMBED_KEY,
+    FC_KEY,
     LM_HEAD_KEY,
+    MIDLAYER_PREFIX,
     SLIMSPEC_SECTION,
     TARGET_EMBED_KEYS,
     TARGET_HEAD_KEY,
@@ -34,7 +36,7 @@ from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.load import load_target
+from slimspec_convert.target.load import check_target_folder, load_target, not_a_drafter
 
 
 def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Drafter:
@@ -114,8 +116,9 @@ class TargetTensors:
         """From an HF folder, a ``.gguf`` file (loaded through transformers) or a loaded HF model.
 
         Raises:
-            FileNotFoundError: no such folder.
-            CheckpointError: no embedding table in the target's weights.
+            FileNotFoundError: no such folder, or no config.json.
+            TargetError: not a target (invalid config.json, no weights, a drafter's config or tensors).
+            CheckpointError: corrupt weight files, no embedding table in the target's weights.
         """
         if isinstance(target, nn.Module):
             return cls(
@@ -130,8 +133,10 @@ class TargetTensors:
             return cls.open(model)
         if not p.is_dir():
             raise FileNotFoundError(f"{p}: target folder not found (a hub id must be downloaded first)")
-        config = read_config(p)
+        config = check_target_folder(p)
         refs, _ = open_weights(p)
+        drafter_keys = [k for k in refs if k == FC_KEY or k.startswith(MIDLAYER_PREFIX)]
+        not_a_drafter(p, f"tensors {drafter_keys[:2]}" if drafter_keys else None)
         embed_key = next((k for k in TARGET_EMBED_KEYS if k in refs), None)
         if embed_key is None:
             raise CheckpointError(f"{p}: no {' or '.join(TARGET_EMBED_KEYS)} in the target's weights")

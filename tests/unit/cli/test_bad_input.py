@@ -7,7 +7,9 @@ The reference for "refused" in the safetensors cases is the safetensors library'
 from __future__ import annotations
 
 import json
+import shutil
 
+import huggingface_hub
 import pytest
 import torch
 from safetensors import SafetensorError, safe_open
@@ -173,3 +175,55 @@ def test_a_table_that_cannot_be_borrowed_is_never_dropped(tmp_path):
     del state["embed_tokens.weight"]
     save_file(state, str(tmp_path / "out" / "model.safetensors"))
     refused(["inspect", str(tmp_path / "out")], "'slimspec.drafter_config.own_embeddings' is true but")
+
+
+# ---- 6: a --target that is not a model -----------------------------------------------------------
+def _not_a_model(kind, target_dir, tmp_path):
+    """(the --target argument, what the error line must contain)."""
+    bad = tmp_path / kind
+    if kind == "hub-id-offline":
+        return "no-such-org/no-such-model", "no-such-org/no-such-model: cannot load the target's tokenizer"
+    shutil.copytree(target_dir, bad)
+    if kind == "invalid-config":
+        (bad / "config.json").write_text("{not json")
+        return str(bad), f"{bad / 'config.json'}: invalid JSON"
+    (bad / "model.safetensors").unlink()
+    return str(bad), f"{bad}: no weight file (model.safetensors.index.json, model.safetensors"
+
+
+@pytest.mark.parametrize("kind", ["invalid-config", "no-weights", "hub-id-offline"])
+def test_target_that_is_not_a_model(target, drafter_dir, tmp_path, monkeypatch, kind):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    bad, match = _not_a_model(kind, target[1], tmp_path)
+    out = tmp_path / "out"
+    for args in commands(bad, drafter_dir, out)[2:]:  # generate, finetune
+        refused(args, match)
+    if kind != "hub-id-offline":  # convert reads a target folder's files itself
+        refused(["convert", str(drafter_dir), str(out), "--rank", "4", "--target", bad], match)
+    assert_nothing_written(tmp_path)
+
+
+# ---- 7: a drafter where a target is expected -----------------------------------------------------
+def test_drafter_folder_passed_as_target(target, tmp_path):
+    src = write_layout(tiny_drafter(draft_vocab_size=64), "specforge", tmp_path / "src")
+    as_target = write_layout(tiny_drafter(seed=1), "specforge", tmp_path / "other", with_embed=True)
+    tiny_tokenizer().save_pretrained(as_target)  # as complete as a target folder looks
+    out = tmp_path / "out"
+    match = (
+        f"{as_target}: --target is an EAGLE-3 drafter (config.json has ['draft_vocab_size', 'eagle_config'])"
+        ", not a target model"
+    )
+    refused(["convert", str(src), str(out), "--rank", "4", "--full-vocab", "--target", str(as_target)], match)
+    for args in commands(as_target, src, out)[2:]:
+        refused(args, match)
+    assert_nothing_written(tmp_path)
+    config = json.loads((as_target / "config.json").read_text())  # SafeAILab EAGLE: a plain Llama config
+    config.pop("draft_vocab_size"), config.pop("eagle_config")
+    config["architectures"] = ["LlamaForCausalLM"]
+    (as_target / "config.json").write_text(json.dumps(config))
+    line = refused(
+        ["convert", str(src), str(out), "--full-vocab", "--target", str(as_target)], "EAGLE-3 drafter"
+    )
+    assert "tensors ['" in line  # recognised by its fc / midlayer tensors
+    refused(commands(as_target, src, out)[2], f"{as_target}: the weights lack ")
+    assert_nothing_written(tmp_path)
