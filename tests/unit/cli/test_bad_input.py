@@ -227,3 +227,33 @@ def test_drafter_folder_passed_as_target(target, tmp_path):
     assert "tensors ['" in line  # recognised by its fc / midlayer tensors
     refused(commands(as_target, src, out)[2], f"{as_target}: the weights lack ")
     assert_nothing_written(tmp_path)
+
+
+# ---- 2: non-finite draft logits ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def loud_target(tmp_path_factory):
+    """The tiny target with its embedding scaled by 1e4: aux states of norm ~2e3, as in real LLMs."""
+    model = tiny_target()
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1e4)
+    folder = save_tiny_target(model, tmp_path_factory.mktemp("loud_target"))
+    tiny_tokenizer().save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("draft", ["chain", "tree"])
+def test_float16_drafter_whose_fc_overflows_stops_naming_stage_and_dtype(loud_target, tmp_path, draft):
+    drafter = tiny_drafter(seed=2)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(loud_target[0].get_input_embeddings().weight)
+        drafter.fc.weight.mul_(1e3)  # |w| <= ~100, fc outputs ~1e5: finite in float32, beyond float16's 65504
+    src = write_layout(drafter, "specforge", tmp_path / "big_fc")
+    args = ["generate", "--target", str(loud_target[1]), "--drafter", str(src), "--prompt", "a b c"]
+    args += ["--draft", draft, "--depth", "3", "--top-k", "2", "--total-tokens", "4", "--max-new-tokens", "6"]
+    refused(
+        [*args, "--dtype", "float16"],
+        "NaN/inf in the drafter fc output while decoding in float16: the values overflow float16; "
+        "rerun with --dtype bfloat16 or float32",
+    )
+    ok = CliRunner().invoke(app, [*args, "--dtype", "float32", "--json"])
+    assert ok.exit_code == 0, ok.output  # the same drafter is fine where it does not overflow
