@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from slimspec_convert.atomic import atomic_write_json, staged_folder
+from slimspec_convert.atomic import atomic_write_json, check_folder_free, staged_folder
 from slimspec_convert.checkpoint.canonical import CanonicalTensor, LoadReport, ResolvedCheckpoint
 from slimspec_convert.checkpoint.dialect_config import NORM_OUTPUT_SEMANTICS
 from slimspec_convert.checkpoint.dialects import expected_shapes, resolve_checkpoint
@@ -272,8 +272,7 @@ def convert(
     """
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    if out.exists() and not cfg.force:
-        raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+    recovered = check_folder_free(out, cfg.force)  # repairs an interrupted earlier replace first
     if src.resolve() == out.resolve():
         raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
     if calibration is None and cfg.calibration_data:  # after the cheap checks: this pass is slow
@@ -295,7 +294,7 @@ def convert(
     if head is None:
         head = CanonicalTensor(LM_HEAD_KEY, value=borrow(LM_HEAD_KEY, res, tgt), origin="target lm_head")
     W = head.view()  # [V_d, d], memory-mapped
-    notes: list[str] = []
+    notes: list[str] = list(recovered)
     stats = _head_vs_target(W, res, tgt) if tgt is not None else {}
     rows_added = 0
     if cfg.full_vocab and dcfg.is_trimmed:
