@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -396,11 +397,25 @@ class Trainer:
             torch.save(self._state(), tmp)
 
     def load_checkpoint(self) -> bool:
-        """Restore from ``OUT/training_state.pt`` (``weights_only=True``); False if none exists."""
+        """Restore from ``OUT/training_state.pt`` (``weights_only=True``); False if none exists.
+
+        Raises:
+            ValueError: an unreadable or foreign state file, or a tensor this drafter lacks.
+        """
         path = self.out / STATE_NAME
         if not path.is_file():
             return False
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, OSError) as e:
+            raise ValueError(
+                f"{path}: cannot be read to resume ({_first_line(e)}); delete it or drop --resume"
+            ) from e
+        missing = sorted(set(self._state()) - set(state)) if isinstance(state, dict) else ["(not a dict)"]
+        if missing:
+            raise ValueError(
+                f"{path}: not a training state of this trainer (missing {missing}); drop --resume"
+            )
         params = dict(self.drafter.named_parameters())
         with torch.no_grad():
             for n, t in state["trainable"].items():
@@ -476,6 +491,10 @@ class Trainer:
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())
         return result
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def copy_head(drafter: Eagle3Drafter) -> nn.Module:

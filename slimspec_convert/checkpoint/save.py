@@ -18,6 +18,7 @@ from slimspec_convert.checkpoint.weightfiles import (  # noqa: F401
     read_safetensors_header,
     write_safetensors,
 )
+from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import AUX_CONVENTION_BOUNDARY, DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.version import __version__
@@ -99,11 +100,11 @@ def save_drafter(
 
     Raises:
         ValueError: ``include_embeddings=False`` for a drafter whose table cannot be borrowed
-            (d != dt): the folder could not be loaded back.
+            (d != dt): the folder could not be loaded back; NaN/inf in a tensor (after the cast to
+            ``dtype``). Nothing is written then.
     """
     out = Path(out_dir)
     include = _include_embeddings(drafter.config, include_embeddings, out)
-    out.mkdir(parents=True, exist_ok=True)
     state = {}
     for key, value in drafter.state_dict().items():
         if (key == EMBED_KEY and not include) or key.startswith("rotary_emb."):
@@ -111,7 +112,12 @@ def save_drafter(
         t = value.detach().cpu()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
+        if t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise ValueError(
+                f"{out / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries ({t.dtype}); refusing to write it"
+            )
         state[key] = t.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
     float_dtype = next(t.dtype for t in state.values() if t.is_floating_point())
     cfg = hf_config_dict(drafter.config.replace(own_embeddings=include), float_dtype)
     if extra_config:

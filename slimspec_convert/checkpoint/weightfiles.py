@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from slimspec_convert.atomic import atomic_path
+from slimspec_convert.lowrank.blocks import count_nonfinite
 
 
 class CheckpointError(ValueError):
@@ -285,10 +286,16 @@ def write_safetensors(
 
     Returns:
         Bytes written.
+
+    Raises:
+        ValueError: a tensor (not a file reference, which its reader checked) holds NaN/inf, e.g.
+            factors that overflowed when cast to float16; nothing is written.
     """
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise ValueError(f"{path}: '{name}' has {bad} NaN/inf entries ({t.dtype}); refusing to write it")
         nbytes = t.nbytes if isinstance(t, TensorRef) else t.numel() * t.element_size()
         header[name] = {
             "dtype": _ST_NAMES[t.dtype],

@@ -257,3 +257,38 @@ def test_float16_drafter_whose_fc_overflows_stops_naming_stage_and_dtype(loud_ta
     )
     ok = CliRunner().invoke(app, [*args, "--dtype", "float32", "--json"])
     assert ok.exit_code == 0, ok.output  # the same drafter is fine where it does not overflow
+
+
+# ---- the same class of hole elsewhere ------------------------------------------------------------
+def test_writers_refuse_nonfinite_tensors(target, tmp_path):
+    src = write_layout(tiny_drafter(), "specforge", tmp_path / "src")
+    state = load_file(str(src / "model.safetensors"))
+    state["lm_head.weight"] *= 1e11  # finite in float32; its rank-4 factors overflow float16
+    save_file(state, str(src / "model.safetensors"))
+    line = refused(
+        ["convert", str(src), str(tmp_path / "out"), "--rank", "4", "--dtype", "float16"],
+        "/model.safetensors: 'lm_head.down.weight' has ",
+    )
+    assert line.endswith("NaN/inf entries (torch.float16); refusing to write it"), line
+    assert_nothing_written(tmp_path)
+    drafter = tiny_drafter()
+    with torch.no_grad():
+        drafter.midlayer.mlp.up_proj.weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"'midlayer\.mlp\.up_proj\.weight' has 1 NaN/inf entries"):
+        save_drafter(drafter, tmp_path / "out")
+    assert_nothing_written(tmp_path)
+
+
+def test_finetune_out_that_is_a_file_and_a_corrupt_resume_state(target, drafter_dir, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join((DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:12]))
+    args = ["finetune", "--target", str(target[1]), "--drafter", str(drafter_dir), "--data", str(data)]
+    (tmp_path / "file").write_text("keep me")
+    refused([*args, "--out", str(tmp_path / "file")], f"{tmp_path / 'file'}: exists and is not a folder")
+    assert (tmp_path / "file").read_text() == "keep me"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "training_state.pt").write_bytes(b"not a torch file")
+    refused(
+        [*args, "--out", str(tmp_path / "out"), "--resume", "--steps", "1", "--max-length", "32"],
+        f"{tmp_path / 'out' / 'training_state.pt'}: cannot be read to resume",
+    )
