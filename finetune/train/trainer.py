@@ -297,7 +297,11 @@ class Trainer:
         return collate([self.train_examples[i] for i in mine], self.pad_id)
 
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen)."""
+        """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen).
+
+        Raises:
+            ValueError: a NaN/inf KL (checked before the update, so the weights are left as they were).
+        """
         self.drafter.train()
         self.opt.zero_grad(set_to_none=True)
         kl_sum = torch.zeros(self.cfg.ttt_steps)
@@ -318,6 +322,11 @@ class Trainer:
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             kl_sum = _all_reduce(kl_sum)
             tokens = int(_all_reduce(torch.tensor(tokens)).item())
+        if not bool(torch.isfinite(kl_sum).all()):  # before the update: the weights stay as they were
+            raise ValueError(
+                f"finetune step {self.step + 1}: the KL per TTT step is {kl_sum.tolist()} (NaN/inf); the "
+                "target's or the drafter's outputs are not finite (check their weights) or the lr is too high"
+            )
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
         self.opt.step()
         self.sched.step()
@@ -364,6 +373,11 @@ class Trainer:
         n = n_sum.clamp_min(1)
         acc = (acc_sum / n).tolist()
         score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
+        if not math.isfinite(score):  # a NaN score never beats the best: the run would save nothing
+            raise ValueError(
+                f"held-out evaluation at step {self.step}: acceptance {acc} is NaN/inf; the target's or "
+                "the drafter's outputs are not finite (check their weights)"
+            )
         return {
             "step": self.step,
             "score": score,

@@ -50,7 +50,8 @@ def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Dra
         The drafter (parameters in the stored dtype).
 
     Raises:
-        CheckpointError: missing config section, missing/extra/mis-shaped tensors.
+        CheckpointError: missing config section, missing/extra/mis-shaped tensors, a lost own
+            ``embed_tokens``, NaN/inf.
     """
     p = Path(path)
     raw = read_config(p)
@@ -58,6 +59,11 @@ def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Dra
         raise CheckpointError(f"{p / CONFIG_NAME}: no 'slimspec' section; not a SlimSpec-native drafter")
     cfg = DrafterConfig.from_dict(raw[SLIMSPEC_SECTION]["drafter_config"])
     state = load_file(str(p / WEIGHTS_NAME))
+    if cfg.own_embeddings and EMBED_KEY not in state:
+        raise CheckpointError(f"{p / WEIGHTS_NAME}: no '{EMBED_KEY}' though the drafter ships its own table")
+    for key, t in state.items():
+        if t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise CheckpointError(f"{p / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries")
     return build_drafter(cfg, state, embed_from=embed_from, where=str(p / WEIGHTS_NAME))
 
 

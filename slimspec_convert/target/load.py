@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 from transformers.utils import (
     CONFIG_NAME,
@@ -97,10 +98,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _hf_load(path: str | Path, what: str, fn, *args, **kwargs):
-    """Call a transformers loader; its OSError/ValueError becomes one :class:`TargetError` line."""
+    """Call a transformers loader; OSError, ValueError or SafetensorError becomes one :class:`TargetError`."""
     try:
         return fn(*args, **kwargs)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:
         where = (
             "a local folder" if _is_local(path) else "not a local path, and the hub id could not be fetched"
         )

@@ -203,6 +203,18 @@ def test_target_that_is_not_a_model(target, drafter_dir, tmp_path, monkeypatch, 
     assert_nothing_written(tmp_path)
 
 
+def test_target_with_truncated_weights(target, drafter_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(target[1], bad)
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[:-100])
+    for args in commands(bad, drafter_dir, tmp_path / "out")[2:]:  # read by transformers
+        refused(args, f"{bad}: cannot load the target's weights (a local folder): Error while deserializing")
+    convert = ["convert", str(drafter_dir), str(tmp_path / "out"), "--rank", "4", "--target", str(bad)]
+    refused(convert, f"{bad / 'model.safetensors'}: tensor '")  # read by our header reader
+    assert_nothing_written(tmp_path)
+
+
 # ---- 7: a drafter where a target is expected -----------------------------------------------------
 def test_drafter_folder_passed_as_target(target, tmp_path):
     src = write_layout(tiny_drafter(draft_vocab_size=64), "specforge", tmp_path / "src")
