@@ -41,6 +41,7 @@ from slimspec_convert.checkpoint.names import (
     D2T_KEY,
     EMBED_KEY,
     EXTRA_LAYER_PREFIX,
+    FC_KEY,
     FIRST_LAYER_PREFIX,
     LAYER_KEY_RE,
     LAYERS_PREFIX,
@@ -58,6 +59,7 @@ from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import VocabMapError, t2d_from_d2t, validate_vocab_maps
+from slimspec_convert.target.load import drafter_evidence
 
 FORMATS = ("slimspec", "eagle", "specforge", "speculators", "modelopt", "vllm", "torchspec")
 
@@ -130,6 +132,23 @@ def detect_format(config: dict[str, Any], keys: list[str]) -> tuple[str, list[st
         f"config.json: architectures={config.get('architectures')!r} and tensor names "
         f"{sorted(keys)[:6]}... do not match any known EAGLE-3 drafter layout "
         "(eagle, specforge, speculators, modelopt, vllm, torchspec, slimspec)"
+    )
+
+
+def _not_a_target(path: Path, config: dict[str, Any], refs: dict[str, TensorRef]) -> None:
+    """Refuse a target model where a drafter is expected: no drafter config field and no ``fc.weight``.
+
+    Raises:
+        CheckpointError: naming both roles.
+    """
+    if SLIMSPEC_SECTION in config or drafter_evidence(config) is not None:
+        return
+    if any(_strip_model(k) == FC_KEY for k in refs):
+        return
+    raise CheckpointError(
+        f"{path}: a target model (architectures={config.get('architectures')}, no '{FC_KEY}' and no "
+        "drafter field in config.json), not an EAGLE-3 drafter; pass it as --target and the drafter as "
+        "--drafter / SRC"
     )
 
 
@@ -227,6 +246,7 @@ def resolve_checkpoint(
         raise FileNotFoundError(f"{p}: no such checkpoint folder")
     config = read_config(p)
     refs, files = open_weights(p)
+    _not_a_target(p, config, refs)
     fmt, evidence = detect_format(config, list(refs))
     where = p / CONFIG_NAME
     if config.get("quantization_config") or any(k.endswith("_scale") for k in refs):

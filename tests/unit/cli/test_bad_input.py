@@ -304,3 +304,10 @@ def test_finetune_out_that_is_a_file_and_a_corrupt_resume_state(target, drafter_
         [*args, "--out", str(tmp_path / "out"), "--resume", "--steps", "1", "--max-length", "32"],
         f"{tmp_path / 'out' / 'training_state.pt'}: cannot be read to resume",
     )
+
+
+def test_target_folder_passed_as_drafter(target, tmp_path):
+    match = f"{target[1]}: a target model (architectures=['LlamaForCausalLM'], no 'fc.weight' and no drafter"
+    for args in commands(target[1], target[1], tmp_path / "out"):
+        refused(args, match)
+    assert_nothing_written(tmp_path)
