@@ -507,8 +507,9 @@ class Trainer:
         return result
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def copy_head(drafter: Eagle3Drafter) -> nn.Module:

@@ -340,6 +340,7 @@ def convert(
         raise CheckpointError(
             f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
         ) from e
+    _check_factors(out, fac.W_down, fac.W_up)
     new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]))
     items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
     maps = (
@@ -386,6 +387,21 @@ def convert(
     )
     _write_output(out, cfg.force, items, new_cfg, res, report, t0)
     return report
+
+
+def _check_factors(out: Path, W_down: Tensor, W_up: Tensor) -> None:
+    """Refuse factors that are not finite in their storage dtype (e.g. float16 overflow), naming OUT's file.
+
+    Raises:
+        ValueError: ``{OUT}/model.safetensors: 'lm_head.down.weight' has N NaN/inf entries ...``.
+    """
+    for key, t in ((LM_HEAD_DOWN_KEY, W_down), (LM_HEAD_UP_KEY, W_up)):
+        if bad := count_nonfinite(t):
+            name = str(t.dtype).removeprefix("torch.")
+            raise ValueError(
+                f"{out / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries in {name} (the head's values "
+                f"overflow {name}); nothing written: convert with --dtype bfloat16 or float32"
+            )
 
 
 def _head_vs_target(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> dict[str, float]:

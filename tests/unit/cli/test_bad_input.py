@@ -281,7 +281,11 @@ def test_writers_refuse_nonfinite_tensors(target, tmp_path):
         ["convert", str(src), str(tmp_path / "out"), "--rank", "4", "--dtype", "float16"],
         "/model.safetensors: 'lm_head.down.weight' has ",
     )
-    assert line.endswith("NaN/inf entries (torch.float16); refusing to write it"), line
+    assert line.startswith(f"error: {tmp_path / 'out' / 'model.safetensors'}: 'lm_head.down.weight' has ")
+    assert line.endswith(
+        "NaN/inf entries in float16 (the head's values overflow float16); nothing written: "
+        "convert with --dtype bfloat16 or float32"
+    ), line
     assert_nothing_written(tmp_path)
     drafter = tiny_drafter()
     with torch.no_grad():
