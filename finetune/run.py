@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def _check_out(out: Path, resume: bool, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a folder; --out must be a folder")
     if out.exists() and any(out.iterdir()) and not (resume or force):
         raise FileExistsError(
             f"{out}: exists and is not empty; pass --resume to continue or --force to overwrite"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import glob
 import json
 import logging
 import os
@@ -89,22 +90,44 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _backups(out: Path) -> list[Path]:
-    return sorted(out.parent.glob(f".{out.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    return sorted(out.parent.glob(f".{glob.escape(out.name)}.old-*"), key=lambda p: p.stat().st_mtime)
+
+
+def _pid_of(leftover: Path, kind: str) -> int | None:
+    """The pid in ``.OUT.old-<pid>`` or ``.OUT.tmp-<pid>-<random>`` (None if unreadable)."""
+    tail = leftover.name.rsplit(f".{kind}-", 1)[-1]
+    pid = tail.split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _orphaned(leftover: Path, kind: str) -> bool:
+    """True when the process that made ``leftover`` no longer runs (a live one may still need it)."""
+    pid = _pid_of(leftover, kind)
+    return pid is not None and pid != os.getpid() and not _alive(pid)
 
 
 def recover_folder(out: Path) -> list[str]:
     """Repair what an interrupted :func:`staged_folder` can leave behind, and say what was found.
 
-    If OUT is missing and a ``.OUT.old-<pid>`` backup exists (a kill between the two renames of the
-    fallback swap), the newest backup is renamed back to OUT. Backups beside an existing OUT and
-    ``.OUT.tmp-<pid>`` build folders of processes that no longer run are deleted.
+    Only leftovers of processes that no longer run are touched. If OUT is missing and a
+    ``.OUT.old-<pid>`` backup exists (a kill between the two renames of the fallback swap), the
+    newest backup is renamed back to OUT, so OUT again holds the complete old folder. Backups beside
+    an existing OUT and ``.OUT.tmp-<pid>-*`` build folders are deleted. Leftovers of a process
+    that still runs are reported and left alone.
 
     Returns:
-        One line per action taken (also logged as warnings).
+        One line per finding (also logged as warnings).
     """
     out = Path(out)
+    if not out.parent.is_dir():
+        return []
     done = []
-    backups = _backups(out) if out.parent.is_dir() else []
+    backups = []
+    for b in _backups(out):
+        if _orphaned(b, "old"):
+            backups.append(b)
+        else:
+            done.append(f"{out}: left {b.name} alone: the process replacing OUT still runs")
     if backups and not out.exists():
         os.replace(backups[-1], out)
         done.append(f"{out}: was missing after an interrupted replace; restored it from {backups[-1].name}")
@@ -112,12 +135,10 @@ def recover_folder(out: Path) -> list[str]:
     for b in backups:
         shutil.rmtree(b, ignore_errors=True)
         done.append(f"{out}: removed {b.name}, left by an interrupted replace (OUT is complete)")
-    if out.parent.is_dir():
-        for tmp in out.parent.glob(f".{out.name}.tmp-*"):
-            pid = tmp.name.rsplit("-", 2)[-2] if tmp.name.count("-") >= 2 else ""
-            if pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(tmp, ignore_errors=True)
-                done.append(f"{out}: removed {tmp.name}, a build folder of an interrupted run")
+    for tmp in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        if _orphaned(tmp, "tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+            done.append(f"{out}: removed {tmp.name}, a build folder of an interrupted run")
     for line in done:
         logger.warning(line)
     return done
@@ -131,6 +152,47 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def check_folder_free(out: Path, force: bool) -> list[str]:
+    """Repair leftovers of an interrupted replace (:func:`recover_folder`), then refuse an existing OUT.
+
+    Returns:
+        What :func:`recover_folder` found and did, one line each.
+
+    Raises:
+        FileExistsError: ``out`` exists and ``force`` is off (the message includes what was found).
+    """
+    found = recover_folder(out)
+    if out.exists() and not force:
+        what = "; ".join(line.removeprefix(f"{out}: ") for line in found)
+        raise FileExistsError(
+            f"{out}: already exists{f' ({what})' if what else ''}; pass --force (force=True) to replace it"
+        )
+    return found
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Replace the existing ``out`` by ``tmp``; OUT holds a complete folder at every instant it exists.
+
+    ``renameat2(RENAME_EXCHANGE)`` swaps both names in one step. Without it, OUT is renamed to a
+    backup and ``tmp`` into its place: an exception between the two renames puts the backup back
+    at once; a kill leaves only the backup, which :func:`recover_folder` restores at the next run.
+    """
+    if _exchange(tmp, out):  # OUT now holds the new folder, tmp the old one
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    moved = False
+    try:
+        os.replace(out, old)
+        moved = True
+        os.replace(tmp, out)
+    except BaseException:
+        if moved and not out.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 @contextlib.contextmanager
@@ -149,9 +211,7 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    recover_folder(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+    check_folder_free(out, force)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-{os.getpid()}-"))
     try:
         _honour_umask(tmp, directory=True)
@@ -161,13 +221,7 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
             return
         if not force:
             raise FileExistsError(f"{out}: appeared while it was being built; pass --force to replace it")
-        if _exchange(tmp, out):  # OUT now holds the new folder, tmp the old one
-            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
-            return
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)  # a kill between these two renames is repaired by recover_folder
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

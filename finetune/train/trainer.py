@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -315,7 +316,11 @@ class Trainer:
         return collate([self.train_examples[i] for i in mine], self.pad_id)
 
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen)."""
+        """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen).
+
+        Raises:
+            ValueError: a NaN/inf KL (checked before the update, so the weights are left as they were).
+        """
         self.drafter.train()
         self.opt.zero_grad(set_to_none=True)
         kl_sum = torch.zeros(self.cfg.ttt_steps)
@@ -336,6 +341,11 @@ class Trainer:
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             kl_sum = _all_reduce(kl_sum)
             tokens = int(_all_reduce(torch.tensor(tokens)).item())
+        if not bool(torch.isfinite(kl_sum).all()):  # before the update: the weights stay as they were
+            raise ValueError(
+                f"finetune step {self.step + 1}: the KL per TTT step is {kl_sum.tolist()} (NaN/inf); the "
+                "target's or the drafter's outputs are not finite (check their weights) or the lr is too high"
+            )
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad_norm)
         self.opt.step()
         self.sched.step()
@@ -381,9 +391,15 @@ class Trainer:
             _all_reduce(t)
         n = n_sum.clamp_min(1)
         acc = (acc_sum / n).tolist()
+        score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
+        if not math.isfinite(score):  # a NaN score never beats the best: the run would save nothing
+            raise ValueError(
+                f"held-out evaluation at step {self.step}: acceptance {acc} is NaN/inf; the target's or "
+                "the drafter's outputs are not finite (check their weights)"
+            )
         metrics = {
             "step": self.step,
-            "score": sum(math.prod(acc[: s + 1]) for s in range(len(acc))),
+            "score": score,
             "score_kind": "teacher-forced expected accepted drafts (chain of ttt_steps)",
             "acceptance": acc,
             "top1": (top_sum / n).tolist(),
@@ -423,11 +439,25 @@ class Trainer:
             torch.save(self._state(), tmp)
 
     def load_checkpoint(self) -> bool:
-        """Restore from ``OUT/training_state.pt`` (``weights_only=True``); False if none exists."""
+        """Restore from ``OUT/training_state.pt`` (``weights_only=True``); False if none exists.
+
+        Raises:
+            ValueError: an unreadable or foreign state file, or a tensor this drafter lacks.
+        """
         path = self.out / STATE_NAME
         if not path.is_file():
             return False
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, OSError) as e:
+            raise ValueError(
+                f"{path}: cannot be read to resume ({_first_line(e)}); delete it or drop --resume"
+            ) from e
+        missing = sorted(set(self._state()) - set(state)) if isinstance(state, dict) else ["(not a dict)"]
+        if missing:
+            raise ValueError(
+                f"{path}: not a training state of this trainer (missing {missing}); drop --resume"
+            )
         params = dict(self.drafter.named_parameters())
         with torch.no_grad():
             for n, t in state["trainable"].items():
@@ -516,6 +546,11 @@ class Trainer:
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())
         return result
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def copy_head(drafter: Eagle3Drafter) -> nn.Module:

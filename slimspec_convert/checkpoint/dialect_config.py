@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slimspec_convert.checkpoint.names import (
+    EMBED_KEY,
     FC_BIAS_KEY,
     FC_KEY,
     FC_NORM_PREFIX,
@@ -31,6 +32,12 @@ from slimspec_convert.model.config import (
 )
 
 NORM_OUTPUT_SEMANTICS = ("auto", "specforge", "engine")
+
+
+DEFAULT_NUM_AUX = 3  # low, middle, high target layers (eagle3-formats.md section 6)
+
+
+_AUX_IDS = "eagle_aux_hidden_state_layer_ids"
 
 
 SPECFORGE_NORM_OUTPUT = ("eagle", "specforge", "torchspec")  # trainers whose norm_output = "norm before head"
@@ -106,12 +113,25 @@ def flat_config(config: dict[str, Any], fmt: str, where: Path) -> dict[str, Any]
     return {**layer, **{k: config[k] for k in _SPECULATORS_TOP_LEVEL if k in config}}
 
 
-def native_config(config: dict[str, Any], where: Path) -> DrafterConfig:
-    """The :class:`DrafterConfig` stored in a SlimSpec folder's ``slimspec`` section."""
+def native_config(config: dict[str, Any], where: Path, keys: Any) -> DrafterConfig:
+    """The :class:`DrafterConfig` stored in a SlimSpec folder's ``slimspec`` section.
+
+    ``own_embeddings`` follows the tensors present (``keys``); a folder whose config says it ships
+    its own ``embed_tokens`` but whose weights lack it is refused rather than given the target's table.
+
+    Raises:
+        CheckpointError: an invalid section, or ``own_embeddings`` without the table.
+    """
     try:
-        return DrafterConfig.from_dict(config[SLIMSPEC_SECTION]["drafter_config"])
+        cfg = DrafterConfig.from_dict(config[SLIMSPEC_SECTION]["drafter_config"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: invalid '{SLIMSPEC_SECTION}.drafter_config' ({e})") from e
+    if cfg.own_embeddings and EMBED_KEY not in keys:
+        raise CheckpointError(
+            f"{where}: '{SLIMSPEC_SECTION}.drafter_config.own_embeddings' is true but '{EMBED_KEY}' is not "
+            "in the weights; the drafter's own table was lost (the target's would silently replace it)"
+        )
+    return cfg.replace(own_embeddings=EMBED_KEY in keys)
 
 
 def _req_int(flat: dict[str, Any], name: str, where: Path) -> int:
@@ -200,10 +220,14 @@ def _head(ctx: ConfigContext, d: int, vocab: int) -> tuple[int | None, int, bool
 
 
 def _num_aux(ctx: ConfigContext, d: int) -> tuple[int, bool]:
-    """(K, use_aux_hidden_state): K from fc's input width K * dt (P17), cross-checked with the config."""
+    """(K, use_aux_hidden_state): K from fc's input width K * dt (P17), cross-checked with the config.
+
+    A config without aux ids or ``num_aux_hidden_states`` implies the EAGLE-3 default K = 3 (the
+    aux-layer resolver then captures three layers), so fc must take 3 * dt columns.
+    """
     dt = ctx.flat.get("target_hidden_size") or d
     use_aux = bool(ctx.eagle_config.get("use_aux_hidden_state", True))
-    num_aux = 3
+    num_aux = DEFAULT_NUM_AUX
     if FC_KEY in ctx.tensors:
         in_features = ctx.tensors[FC_KEY].shape[1]
         if in_features % dt:
@@ -212,6 +236,19 @@ def _num_aux(ctx: ConfigContext, d: int) -> tuple[int, bool]:
                 f"target_hidden_size={dt}"
             )
         num_aux = in_features // dt
+        declared = (
+            ctx.flat.get(_AUX_IDS),
+            ctx.eagle_config.get(_AUX_IDS),
+            ctx.flat.get("num_aux_hidden_states"),
+        )
+        if num_aux != DEFAULT_NUM_AUX and all(x is None for x in declared):
+            # K read off fc's own width alone would define the very shape fc is checked against
+            raise CheckpointError(
+                f"{ctx.tensors[FC_KEY].origin} has shape {list(ctx.tensors[FC_KEY].shape)}, expected "
+                f"[{d}, {DEFAULT_NUM_AUX * dt}] from config.json: hidden_size={d}, {DEFAULT_NUM_AUX} aux "
+                f"states of target_hidden_size={dt} (no aux layer ids or num_aux_hidden_states, so the "
+                "EAGLE-3 default of 3 applies)"
+            )
     elif use_aux:
         raise CheckpointError(
             f"{ctx.where.parent}: missing tensor '{FC_KEY}' (eagle_config.use_aux_hidden_state is not false)"
@@ -359,6 +396,7 @@ def drafter_config(
             fc_bias=FC_BIAS_KEY in ctx.tensors,
             use_aux_hidden_state=use_aux,
             head_rank=head_rank,
+            own_embeddings=EMBED_KEY in ctx.tensors,
             source_format=ctx.fmt,
             **flags,
         )

@@ -41,6 +41,7 @@ from slimspec_convert.checkpoint.names import (
     D2T_KEY,
     EMBED_KEY,
     EXTRA_LAYER_PREFIX,
+    FC_KEY,
     FIRST_LAYER_PREFIX,
     LAYER_KEY_RE,
     LAYERS_PREFIX,
@@ -54,9 +55,11 @@ from slimspec_convert.checkpoint.names import (
     VLLM_FUSED,
 )
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, TensorRef
+from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import VocabMapError, t2d_from_d2t, validate_vocab_maps
+from slimspec_convert.target.load import drafter_evidence
 
 FORMATS = ("slimspec", "eagle", "specforge", "speculators", "modelopt", "vllm", "torchspec")
 
@@ -132,6 +135,23 @@ def detect_format(config: dict[str, Any], keys: list[str]) -> tuple[str, list[st
     )
 
 
+def _not_a_target(path: Path, config: dict[str, Any], refs: dict[str, TensorRef]) -> None:
+    """Refuse a target model where a drafter is expected: no drafter config field and no ``fc.weight``.
+
+    Raises:
+        CheckpointError: naming both roles.
+    """
+    if SLIMSPEC_SECTION in config or drafter_evidence(config) is not None:
+        return
+    if any(_strip_model(k) == FC_KEY for k in refs):
+        return
+    raise CheckpointError(
+        f"{path}: a target model (architectures={config.get('architectures')}, no '{FC_KEY}' and no "
+        "drafter field in config.json), not an EAGLE-3 drafter; pass it as --target and the drafter as "
+        "--drafter / SRC"
+    )
+
+
 def _strip_model(key: str) -> str:
     while key.startswith(MODEL_PREFIX):  # NeMo / vLLM prefixes (eagle3-formats.md P2)
         key = key[len(MODEL_PREFIX) :]
@@ -197,7 +217,8 @@ def resolve_checkpoint(
 ) -> ResolvedCheckpoint:
     """Read config.json and the weight-file headers of a drafter and map them onto canonical names.
 
-    Nothing but headers and the small ``d2t`` / ``t2d`` tensors is read. Every canonical tensor
+    Headers and the small ``d2t`` / ``t2d`` tensors are read, then every float tensor once in row
+    blocks (memory-mapped) to refuse NaN/inf wherever it is. Every canonical tensor
     is accounted for: from the file (with its file and key), rebuilt (``t2d`` from ``d2t`` for
     ModelOpt), or missing (``embed_tokens`` and a head-less ModelOpt/SGLang drafter's ``lm_head``,
     which the caller borrows from the target).
@@ -216,7 +237,8 @@ def resolve_checkpoint(
 
     Raises:
         CheckpointError: unknown layout, missing config field, unexpected / missing / mis-shaped
-            tensor, inconsistent vocab maps, unsupported variant; the message names file and field.
+            tensor, inconsistent vocab maps, unsupported variant, NaN/inf in any float tensor; the
+            message names file and field.
         FileNotFoundError: the folder does not exist.
     """
     p = Path(path)
@@ -224,6 +246,7 @@ def resolve_checkpoint(
         raise FileNotFoundError(f"{p}: no such checkpoint folder")
     config = read_config(p)
     refs, files = open_weights(p)
+    _not_a_target(p, config, refs)
     fmt, evidence = detect_format(config, list(refs))
     where = p / CONFIG_NAME
     if config.get("quantization_config") or any(k.endswith("_scale") for k in refs):
@@ -232,8 +255,8 @@ def resolve_checkpoint(
             "dequantise it before converting (eagle3-formats.md P19)"
         )
     if fmt == "slimspec":
-        cfg = native_config(config, where)
         ctx = ConfigContext(config, fmt, where, _map_keys(refs, fmt, 0, 0, 0))
+        cfg = native_config(config, where, ctx.tensors)
         result = ConfigResult(
             cfg, list(cfg.aux_layer_ids or []) or None, cfg.aux_layer_ids_source, None, False
         )
@@ -255,6 +278,7 @@ def resolve_checkpoint(
     cfg = result.config
     rebuilt = _vocab(cfg, ctx.tensors, files, ctx.warnings, ctx.ignored)
     ordered = _validate(cfg, ctx.tensors, files, result.head_missing)
+    check_finite(ordered.values())
     report = LoadReport(
         path=str(p),
         source_format=fmt,
@@ -318,6 +342,20 @@ def _vocab(
         warnings.append("no t2d in the file (ModelOpt and vLLM ship none): rebuilt from d2t")
         return [T2D_KEY]
     return []
+
+
+def check_finite(tensors) -> None:
+    """Refuse NaN/inf in any float tensor (each read once in row blocks, no full-size copy).
+
+    Args:
+        tensors: :class:`CanonicalTensor` objects.
+
+    Raises:
+        CheckpointError: ``{file}: '{key}' has N NaN/inf entries``.
+    """
+    for ct in tensors:
+        if ct.dtype.is_floating_point and (bad := count_nonfinite(ct.view())):
+            raise CheckpointError(f"{ct.origin} has {bad} NaN/inf entries; the checkpoint is corrupt")
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -18,9 +18,9 @@ from slimspec_convert.checkpoint.names import (
     CONFIG_NAME,
     D2T_KEY,
     EMBED_KEY,
-    LM_HEAD_DOWN_KEY,
+    FC_KEY,
     LM_HEAD_KEY,
-    LM_HEAD_UP_KEY,
+    MIDLAYER_PREFIX,
     SLIMSPEC_SECTION,
     TARGET_EMBED_KEYS,
     TARGET_HEAD_KEY,
@@ -36,7 +36,7 @@ from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.load import load_target
+from slimspec_convert.target.load import check_target_folder, load_target, not_a_drafter
 
 
 def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Drafter:
@@ -50,7 +50,8 @@ def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Dra
         The drafter (parameters in the stored dtype).
 
     Raises:
-        CheckpointError: missing config section, missing/extra/mis-shaped tensors.
+        CheckpointError: missing config section, missing/extra/mis-shaped tensors, a lost own
+            ``embed_tokens``, NaN/inf.
     """
     p = Path(path)
     raw = read_config(p)
@@ -58,6 +59,11 @@ def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Dra
         raise CheckpointError(f"{p / CONFIG_NAME}: no 'slimspec' section; not a SlimSpec-native drafter")
     cfg = DrafterConfig.from_dict(raw[SLIMSPEC_SECTION]["drafter_config"])
     state = load_file(str(p / WEIGHTS_NAME))
+    if cfg.own_embeddings and EMBED_KEY not in state:
+        raise CheckpointError(f"{p / WEIGHTS_NAME}: no '{EMBED_KEY}' though the drafter ships its own table")
+    for key, t in state.items():
+        if t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise CheckpointError(f"{p / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries")
     return build_drafter(cfg, state, embed_from=embed_from, where=str(p / WEIGHTS_NAME))
 
 
@@ -116,8 +122,9 @@ class TargetTensors:
         """From an HF folder, a ``.gguf`` file (loaded through transformers) or a loaded HF model.
 
         Raises:
-            FileNotFoundError: no such folder.
-            CheckpointError: no embedding table in the target's weights.
+            FileNotFoundError: no such folder, or no config.json.
+            TargetError: not a target (invalid config.json, no weights, a drafter's config or tensors).
+            CheckpointError: corrupt weight files, no embedding table in the target's weights.
         """
         if isinstance(target, nn.Module):
             return cls(
@@ -132,8 +139,10 @@ class TargetTensors:
             return cls.open(model)
         if not p.is_dir():
             raise FileNotFoundError(f"{p}: target folder not found (a hub id must be downloaded first)")
-        config = read_config(p)
+        config = check_target_folder(p)
         refs, _ = open_weights(p)
+        drafter_keys = [k for k in refs if k == FC_KEY or k.startswith(MIDLAYER_PREFIX)]
+        not_a_drafter(p, f"tensors {drafter_keys[:2]}" if drafter_keys else None)
         embed_key = next((k for k in TARGET_EMBED_KEYS if k in refs), None)
         if embed_key is None:
             raise CheckpointError(f"{p}: no {' or '.join(TARGET_EMBED_KEYS)} in the target's weights")
@@ -177,12 +186,7 @@ def load_drafter(
     res = resolve_checkpoint(
         path, target_num_layers=tgt.num_layers if tgt else None, norm_output_semantics=norm_output_semantics
     )
-    state = {}
-    for k, ct in res.tensors.items():
-        t = ct.load()
-        if t.is_floating_point() and (bad := count_nonfinite(t)):
-            raise CheckpointError(f"{ct.origin} has {bad} NaN/inf entries")
-        state[k] = t
+    state = {k: ct.load() for k, ct in res.tensors.items()}  # every float tensor checked finite by resolve
     for key in borrowed_keys(res):
         state[key] = borrow(key, res, tgt)
     where = ", ".join(res.report.files)
@@ -194,8 +198,8 @@ def inspect_drafter(
 ) -> LoadReport:
     """Describe a drafter checkpoint without building it: layout, geometry, flags, vocab, provenance.
 
-    Validates what :func:`load_drafter` validates (keys, shapes, vocab maps, NaN/inf in the head)
-    but reads only headers, the vocab maps and the head (in row blocks).
+    Validates what :func:`load_drafter` validates (keys, shapes, vocab maps, NaN/inf in any float
+    tensor) but reads only headers, the vocab maps and each float tensor once in row blocks.
 
     Args:
         path: checkpoint folder.
@@ -213,9 +217,6 @@ def inspect_drafter(
     res = resolve_checkpoint(
         path, target_num_layers=tgt.num_layers if tgt else None, norm_output_semantics=norm_output_semantics
     )
-    for key in (LM_HEAD_KEY, LM_HEAD_UP_KEY, LM_HEAD_DOWN_KEY):
-        if key in res.tensors and (bad := count_nonfinite(res.tensors[key].view())):
-            raise CheckpointError(f"{res.tensors[key].origin} has {bad} NaN/inf entries")
     for key in borrowed_keys(res):
         res.report.tensors[key] = "needs the target (not in the file)"
         res.report.warnings.append(f"'{key}' is not in the file: load_drafter borrows it from the target")
@@ -234,7 +235,7 @@ def borrow(key: str, res: ResolvedCheckpoint, tgt: TargetTensors | None) -> Tens
     A trimmed drafter without a head gets the target rows ``i + d2t[i]``. The report records it.
 
     Raises:
-        CheckpointError: no target given, or its table has the wrong shape.
+        CheckpointError: no target given, or its table has the wrong shape or NaN/inf entries.
     """
     cfg = res.config
     if tgt is None:
@@ -253,6 +254,8 @@ def borrow(key: str, res: ResolvedCheckpoint, tgt: TargetTensors | None) -> Tens
             f"target {tgt.description}: its table has shape {list(t.shape)}, the drafter needs "
             f"'{key}' {list(want)} (target hidden size != drafter hidden size?)"
         )
+    if bad := count_nonfinite(t):
+        raise CheckpointError(f"target {tgt.description}: its '{key}' table has {bad} NaN/inf entries")
     res.report.borrowed.append(key)
     res.report.tensors[key] = f"borrowed from target {tgt.description}"
     return t

@@ -18,6 +18,7 @@ from slimspec_convert.checkpoint.weightfiles import (  # noqa: F401
     read_safetensors_header,
     write_safetensors,
 )
+from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import AUX_CONVENTION_BOUNDARY, DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.version import __version__
@@ -79,7 +80,7 @@ def save_drafter(
     out_dir: str | Path,
     *,
     dtype: torch.dtype | None = None,
-    include_embeddings: bool = False,
+    include_embeddings: bool | None = None,
     extra_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` for a drafter, each file atomically.
@@ -88,29 +89,54 @@ def save_drafter(
         drafter: the module.
         out_dir: destination folder (created).
         dtype: cast floating tensors to this dtype (``d2t``/``t2d`` keep int64/bool).
-        include_embeddings: also store ``embed_tokens.weight`` (needed when dt != d).
+        include_embeddings: store ``embed_tokens.weight``. None (default): whenever the drafter has
+            its own table (``config.own_embeddings``, set by the loader when the source file shipped
+            one) or its width d differs from the target's dt (the target's table cannot stand in);
+            otherwise the reader borrows the target's, which every trainer freezes it to.
         extra_config: merged into the ``slimspec`` section (e.g. training provenance).
 
     Returns:
         The folder path.
+
+    Raises:
+        ValueError: ``include_embeddings=False`` for a drafter whose table cannot be borrowed
+            (d != dt): the folder could not be loaded back; NaN/inf in a tensor (after the cast to
+            ``dtype``). Nothing is written then.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    include = _include_embeddings(drafter.config, include_embeddings, out)
     state = {}
     for key, value in drafter.state_dict().items():
-        if key == EMBED_KEY and not include_embeddings:
-            continue
-        if key.startswith("rotary_emb."):
+        if (key == EMBED_KEY and not include) or key.startswith("rotary_emb."):
             continue
         t = value.detach().cpu()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
+        if t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise ValueError(
+                f"{out / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries ({t.dtype}); refusing to write it"
+            )
         state[key] = t.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
     float_dtype = next(t.dtype for t in state.values() if t.is_floating_point())
-    cfg = hf_config_dict(drafter.config, float_dtype)
+    cfg = hf_config_dict(drafter.config.replace(own_embeddings=include), float_dtype)
     if extra_config:
         cfg[SLIMSPEC_SECTION].update(extra_config)
     with atomic_path(out / WEIGHTS_NAME) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt", "producer": f"slimspec {__version__}"})
     atomic_write_json(out / CONFIG_NAME, cfg)
     return out
+
+
+def _include_embeddings(cfg: DrafterConfig, asked: bool | None, out: Path) -> bool:
+    """Whether ``embed_tokens`` must be written (see :func:`save_drafter`)."""
+    cannot_borrow = cfg.resolved_target_hidden_size != cfg.hidden_size
+    if asked is None:
+        return cfg.own_embeddings or cannot_borrow
+    if not asked and cannot_borrow:
+        raise ValueError(
+            f"{out}: include_embeddings=False, but the drafter's '{EMBED_KEY}' is [vocab_size, "
+            f"hidden_size={cfg.hidden_size}] and its target's table is [vocab_size, "
+            f"target_hidden_size={cfg.resolved_target_hidden_size}]: the folder could not be loaded back"
+        )
+    return asked

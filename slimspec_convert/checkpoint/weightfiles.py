@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from slimspec_convert.atomic import atomic_path
+from slimspec_convert.lowrank.blocks import count_nonfinite
 
 
 class CheckpointError(ValueError):
@@ -160,6 +161,9 @@ def _tensor_bytes(t: Tensor) -> memoryview:
 def read_safetensors_header(path: Path) -> dict[str, TensorRef]:
     """Parse and validate a safetensors header without reading tensor data.
 
+    The checks are the reference reader's (safetensors ``SafeTensors::deserialize``): the tensors'
+    byte ranges, sorted, must tile the data section exactly, with no overlap, gap or trailing byte.
+
     Args:
         path: a ``.safetensors`` file.
 
@@ -167,9 +171,11 @@ def read_safetensors_header(path: Path) -> dict[str, TensorRef]:
         {key: TensorRef} in file order.
 
     Raises:
-        CheckpointError: file too short, header length beyond the file, invalid JSON, unknown
-            dtype, a tensor whose byte span does not match its dtype and shape, or data past the
-            end of the file (truncated download); the message names the file and the tensor.
+        CheckpointError: file too short, header length beyond the file, invalid JSON, a key given
+            twice, metadata that is not strings, unknown dtype, a negative dimension, a tensor
+            whose byte span does not match its dtype and shape, byte ranges that overlap or leave
+            a gap, data past the end of the file (truncated download) or bytes after the last
+            tensor; the message names the file and the tensor.
     """
     size = path.stat().st_size
     if size < 8:
@@ -182,39 +188,88 @@ def read_safetensors_header(path: Path) -> dict[str, TensorRef]:
                 "truncated or not a safetensors file"
             )
         raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+    header = _parse_header(path, raw)
     data_start, data_len = 8 + n, size - 8 - n
     source = _SafetensorsFile(path)
     refs: dict[str, TensorRef] = {}
+    spans: list[tuple[int, int, str]] = []
     for key, info in header.items():
         if key == "__metadata__":
             continue
-        try:
-            dtype = _ST_DTYPES[info["dtype"]]
-            shape = tuple(int(x) for x in info["shape"])
-            start, stop = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(
-                f"{path}: tensor '{key}' has a malformed header entry {info!r} ({e})"
-            ) from e
-        need = math.prod(shape) * _itemsize(dtype)
-        if stop - start != need or start < 0:
-            raise CheckpointError(
-                f"{path}: tensor '{key}' spans bytes [{start}, {stop}) but dtype {info['dtype']} and shape "
-                f"{list(shape)} need {need} bytes; corrupt header"
-            )
+        dtype, shape, start, stop = _parse_entry(path, key, info)
         if stop > data_len:
             raise CheckpointError(
                 f"{path}: tensor '{key}' needs bytes up to {stop} of the data section but the file "
                 f"holds only {data_len}; the file is truncated (re-download it)"
             )
+        spans.append((start, stop, key))
         refs[key] = TensorRef(path, key, dtype, shape, data_start + start, _source=source)
+    _check_tiling(path, spans, data_len)
     return refs
+
+
+def _parse_header(path: Path, raw: bytes) -> dict[str, Any]:
+    """The header JSON object; a key given twice or non-string metadata is refused (the reference does)."""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in seen:
+                raise CheckpointError(f"{path}: tensor '{k}' appears twice in the safetensors header")
+            seen[k] = v
+        return seen
+
+    try:
+        header = json.loads(raw, object_pairs_hook=no_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"{path}: '__metadata__' must map strings to strings, got {meta!r}")
+    return header
+
+
+def _parse_entry(path: Path, key: str, info: Any) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, start, stop) of one header entry, its byte span checked against dtype and shape."""
+    try:
+        dtype = _ST_DTYPES[info["dtype"]]
+        shape = tuple(int(x) for x in info["shape"])
+        start, stop = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: tensor '{key}' has a malformed header entry {info!r} ({e})") from e
+    if any(x < 0 for x in shape):
+        raise CheckpointError(f"{path}: tensor '{key}' has a negative dimension in shape {list(shape)}")
+    need = math.prod(shape) * _itemsize(dtype)
+    if stop - start != need or start < 0:
+        raise CheckpointError(
+            f"{path}: tensor '{key}' spans bytes [{start}, {stop}) but dtype {info['dtype']} and shape "
+            f"{list(shape)} need {need} bytes; corrupt header"
+        )
+    return dtype, shape, start, stop
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]], data_len: int) -> None:
+    """Sorted byte ranges must cover [0, data_len) exactly once: one tensor's bytes are never another's."""
+    end, prev = 0, None
+    for start, stop, key in sorted(spans):
+        if start < end:
+            raise CheckpointError(
+                f"{path}: tensor '{key}' spans bytes [{start}, {stop}) of the data section, overlapping "
+                f"'{prev}' (ends at {end}); corrupt header (the reference safetensors reader refuses it)"
+            )
+        if start > end:
+            raise CheckpointError(
+                f"{path}: tensor '{key}' starts at byte {start} of the data section but the tensors before "
+                f"it end at {end}; corrupt header (a gap of {start - end} unaccounted bytes)"
+            )
+        end, prev = stop, key
+    if end != data_len:
+        raise CheckpointError(
+            f"{path}: the data section holds {data_len} bytes but its tensors end at byte {end}; "
+            "corrupt header or trailing bytes (the reference safetensors reader refuses it)"
+        )
 
 
 def write_safetensors(
@@ -231,10 +286,16 @@ def write_safetensors(
 
     Returns:
         Bytes written.
+
+    Raises:
+        ValueError: a tensor (not a file reference, which its reader checked) holds NaN/inf, e.g.
+            factors that overflowed when cast to float16; nothing is written.
     """
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point() and t.dim() and (bad := count_nonfinite(t)):
+            raise ValueError(f"{path}: '{name}' has {bad} NaN/inf entries ({t.dtype}); refusing to write it")
         nbytes = t.nbytes if isinstance(t, TensorRef) else t.numel() * t.element_size()
         header[name] = {
             "dtype": _ST_NAMES[t.dtype],

@@ -3,6 +3,7 @@ batch state, the generator, prompts and results.
 """
 
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.decoding.drafting import NonFiniteDecodeError
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult, GenerationStats
@@ -17,6 +18,7 @@ __all__ = [
     "GenerateConfig",
     "GenerationResult",
     "GenerationStats",
+    "NonFiniteDecodeError",
     "SamplingConfig",
     "SpeculativeGenerator",
     "expected_acceptance_terms",

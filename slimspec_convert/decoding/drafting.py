@@ -22,6 +22,39 @@ from slimspec_convert.decoding.speculative import DraftTree, build_tree, process
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
 
+STAGES = ("target aux states", "drafter fc", "drafter decoder layer", "drafter lm_head")  # pipeline order
+
+
+_WIDER = {torch.float16: "bfloat16 or float32", torch.bfloat16: "float32"}
+
+
+class NonFiniteDecodeError(ValueError):
+    """NaN/inf came out of a decoding stage; the message names the stage and the dtype.
+
+    Attributes:
+        stage: one of :data:`STAGES` or ``"target logits"``.
+        dtype: the dtype the stage ran in.
+    """
+
+    def __init__(self, stage: str, dtype: torch.dtype) -> None:
+        name = str(dtype).removeprefix("torch.")
+        if dtype in _WIDER:
+            hint = f"the values overflow {name}; rerun with --dtype {_WIDER[dtype]}"
+        else:
+            hint = "check the drafter's weights and the target's hidden states for NaN/inf"
+        super().__init__(f"NaN/inf in the {stage} output while decoding in {name}: {hint}")
+        self.stage, self.dtype = stage, dtype
+
+
+def check_finite_logits(logits: Tensor, stage: str = "target logits") -> None:
+    """Raise :class:`NonFiniteDecodeError` unless every entry is finite (one host sync).
+
+    Raises:
+        NonFiniteDecodeError: NaN/inf in ``logits``.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteDecodeError(stage, logits.dtype)
+
 
 def block_mask(
     prefix_valid: Tensor | None, block_valid: Tensor | None, B: int, m: int, S: int, device=None
@@ -60,6 +93,10 @@ class DrafterRunner:
         sampling: temperature 0 = greedy drafting; otherwise drafts use the processed q.
         times: accumulator shared with the caller.
 
+    Every stage's output is watched for NaN/inf on the device (no sync) and checked once per round,
+    before the drafts leave :meth:`draft_chain` / :meth:`draft_tree`: a float16 drafter that
+    overflows stops with :class:`NonFiniteDecodeError` instead of proposing id 0 every round.
+
     Raises:
         ValueError: top_k larger than the draft vocabulary, or total_tokens larger than the
             k + (depth - 1) k^2 candidates a tree drafts.
@@ -89,6 +126,28 @@ class DrafterRunner:
         if drafter.d2t is not None:
             hot = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=drafter.d2t.device))
         self.hot_ids = hot  # [V_d] absolute target ids, or None (identity)
+        self._finite: dict[str, tuple[Tensor, torch.dtype]] = {}  # stage -> (all finite so far, dtype)
+
+    # ---- NaN/inf watch ---------------------------------------------------------------------
+    def _watch(self, stage: str, t: Tensor) -> Tensor:
+        """Fold ``isfinite(t).all()`` into the stage's flag, on the device (no host sync)."""
+        ok = torch.isfinite(t).all()
+        if stage in self._finite:
+            ok = ok & self._finite[stage][0]
+        self._finite[stage] = (ok, t.dtype)
+        return t
+
+    def check_finite(self) -> None:
+        """One host sync: raise for the first stage, in pipeline order, whose output held NaN/inf.
+
+        Raises:
+            NonFiniteDecodeError: naming the stage and its dtype.
+        """
+        flags, self._finite = self._finite, {}
+        if not flags or bool(torch.stack([ok for ok, _ in flags.values()]).all()):
+            return
+        stage = next(s for s in STAGES if s in flags and not bool(flags[s][0]))
+        raise NonFiniteDecodeError(stage, flags[stage][1])
 
     # ---- timed pieces ---------------------------------------------------------------------
     def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: DraftKVCache, mask) -> Tensor:
@@ -96,14 +155,14 @@ class DrafterRunner:
         t0 = time.perf_counter()
         h = self.drafter(tokens, hidden, positions, cache, mask)
         self.times.drafter_backbone_ms += (time.perf_counter() - t0) * 1e3
-        return h
+        return self._watch("drafter decoder layer", h)
 
     def fuse(self, aux: Tensor) -> Tensor:
         """Fuse target aux states [B, T, K*dt] -> [B, T, d] (timed as backbone)."""
         t0 = time.perf_counter()
-        g = self.drafter.fuse(aux)
+        g = self.drafter.fuse(self._watch("target aux states", aux))
         self.times.drafter_backbone_ms += (time.perf_counter() - t0) * 1e3
-        return g
+        return self._watch("drafter fc", g)
 
     def logits(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits [..., V_d] float32; the lm_head is timed on its own."""
@@ -114,7 +173,7 @@ class DrafterRunner:
         t2 = time.perf_counter()
         self.times.drafter_backbone_ms += (t1 - t0) * 1e3
         self.times.drafter_head_ms += (t2 - t1) * 1e3
-        return out.float()
+        return self._watch("drafter lm_head", out).float()
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """Tree scores: log of the drafting distribution (raw softmax when greedy), <= 0."""
@@ -163,6 +222,9 @@ class DrafterRunner:
 
         Returns:
             (draft ids [B, k] target ids, q [B, k, V_t] float32 or None when greedy).
+
+        Raises:
+            NonFiniteDecodeError: NaN/inf in a stage since the last check.
         """
         k = self.draft.depth
         B, dev = h_last.shape[0], h_last.device
@@ -189,6 +251,7 @@ class DrafterRunner:
                 pos = (root_pos + i)[:, None]  # feeding draft i+1 at R + i
                 h = self.forward(tok[:, None], self.drafter.next_hidden(h)[:, None], pos, cache, mask)[:, 0]
         cache.crop(S)
+        self.check_finite()
         return torch.stack(ids, dim=1), (torch.stack(qs, dim=1) if qs else None)
 
     # ---- tree ------------------------------------------------------------------------------
@@ -211,6 +274,9 @@ class DrafterRunner:
 
         Returns:
             :class:`DraftTree` with N = ``total_tokens`` nodes plus the root.
+
+        Raises:
+            NonFiniteDecodeError: NaN/inf in a stage since the last check.
         """
         K, D = self.draft.top_k, self.draft.depth
         B, dev = h_last.shape[0], h_last.device
@@ -252,6 +318,7 @@ class DrafterRunner:
                 anc = torch.cat([anc.gather(1, src[:, :, None].expand(B, K, anc.shape[-1])), own], dim=-1)
             base += K * K
         cache.crop(S)
+        self.check_finite()
         return build_tree(
             root_tok,
             torch.cat(tokens, dim=1),

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from slimspec_convert.decoding.batch import DecodeState, keep_accepted, pad_left, verify_attention_mask
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
-from slimspec_convert.decoding.drafting import DrafterRunner, block_mask
+from slimspec_convert.decoding.drafting import DrafterRunner, block_mask, check_finite_logits
 from slimspec_convert.decoding.prompts import chat_template_id, render_chat
 from slimspec_convert.decoding.results import GenerationResult, GenerationStats, StageTimes
 from slimspec_convert.decoding.speculative import (
@@ -219,6 +219,7 @@ class SpeculativeGenerator:
             st, ids, attention_mask=attn if padded else None, position_ids=pos, logits_to_keep=1
         )
         last = out.logits[:, -1]  # [B, V]
+        check_finite_logits(last)
         if self.greedy:
             first = last.argmax(-1)
         else:
@@ -308,6 +309,7 @@ class SpeculativeGenerator:
             nodes, depths, anc = tree.tokens, tree.depths, tree.ancestors
         qpos = st.root_pos[:, None] + depths  # [B, T]
         out = self._target(st, nodes, attention_mask=self._target_mask(st, anc, qpos, S), position_ids=qpos)
+        check_finite_logits(out.logits)
         outcome = self._verify(method, out.logits, draft_ids, q, tree, uniforms)
         committed = outcome.committed_tokens(nodes)
         counts = (outcome.num_accepted + 1).tolist()

@@ -71,6 +71,7 @@ class DrafterConfig:
     has_final_norm: bool = True
     use_aux_hidden_state: bool = True
     head_rank: int | None = None  # None: dense lm_head; int: low-rank W_up @ W_down
+    own_embeddings: bool = False  # the checkpoint ships its own embed_tokens (else borrowed from the target)
     source_format: str = "slimspec"
 
     def __post_init__(self) -> None:

@@ -2,13 +2,110 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
-from transformers.utils import CONFIG_NAME
+from transformers.utils import (
+    CONFIG_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
 
 from slimspec_convert.dtypes import torch_dtype
+
+TARGET_WEIGHT_NAMES = (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
+
+
+# config.json fields only EAGLE-3 drafter dialects write (eagle3-formats.md 1-3); no causal LM has them
+DRAFTER_CONFIG_FIELDS = ("draft_vocab_size", "truncated_vocab_size", "eagle_config", "speculators_model_type")
+
+
+DRAFTER_ARCHITECTURE_WORDS = ("eagle", "speculator")
+
+
+class TargetError(ValueError):
+    """A ``--target`` that is not a loadable model; the message names the path and what is wrong."""
+
+
+def _is_local(path: str | Path) -> bool:
+    return str(path).startswith((".", "/", "~")) or Path(path).exists()
+
+
+def drafter_evidence(config: dict[str, Any]) -> str | None:
+    """Why a parsed config.json is an EAGLE-3 drafter's rather than a target's (None: no sign of one)."""
+    fields = [k for k in DRAFTER_CONFIG_FIELDS if k in config]
+    if fields:
+        return f"config.json has {fields}"
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    drafter_archs = [a for a in archs if any(w in a.lower() for w in DRAFTER_ARCHITECTURE_WORDS)]
+    return f"architectures={drafter_archs}" if drafter_archs else None
+
+
+def not_a_drafter(path: Path, evidence: str | None) -> None:
+    """Refuse a drafter where a target is expected, naming both roles.
+
+    Raises:
+        TargetError: when ``evidence`` is not None.
+    """
+    if evidence is not None:
+        raise TargetError(
+            f"{path}: --target is an EAGLE-3 drafter ({evidence}), not a target model; pass the model the "
+            "drafter drafts for as --target and the drafter itself as --drafter / SRC"
+        )
+
+
+def check_target_folder(path: str | Path, *, need_weights: bool = True) -> dict[str, Any]:
+    """The parsed config.json of a local target folder, refused early when it cannot be a target.
+
+    Args:
+        path: a local folder.
+        need_weights: also require a weight file (not for a tokenizer-only read).
+
+    Returns:
+        The config as a dict.
+
+    Raises:
+        FileNotFoundError: no such folder, or no config.json in it.
+        TargetError: config.json is not a JSON object with ``model_type``, the folder is a
+            drafter's, or it has no weight file.
+    """
+    p = Path(path).expanduser()
+    f = p / CONFIG_NAME
+    if not f.is_file():
+        raise FileNotFoundError(f"{p}: not a model folder (no {CONFIG_NAME})")
+    try:
+        config = json.loads(f.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TargetError(f"{f}: invalid JSON ({e}); the target's config.json must be a JSON object") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise TargetError(f"{f}: no 'model_type' field; not a Hugging Face model config")
+    not_a_drafter(p, drafter_evidence(config))
+    if need_weights and not any((p / n).is_file() for n in TARGET_WEIGHT_NAMES):
+        raise TargetError(
+            f"{p}: no weight file ({', '.join(TARGET_WEIGHT_NAMES)}); not a complete model folder"
+        )
+    return config
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _hf_load(path: str | Path, what: str, fn, *args, **kwargs):
+    """Call a transformers loader; OSError, ValueError or SafetensorError becomes one :class:`TargetError`."""
+    try:
+        return fn(*args, **kwargs)
+    except (OSError, ValueError, SafetensorError) as e:
+        where = (
+            "a local folder" if _is_local(path) else "not a local path, and the hub id could not be fetched"
+        )
+        raise TargetError(f"{path}: cannot load the target's {what} ({where}): {_first_line(e)}") from e
 
 
 def load_target(path: str | Path, dtype: str | torch.dtype | None = None):
@@ -23,7 +120,9 @@ def load_target(path: str | Path, dtype: str | torch.dtype | None = None):
         (model in eval mode, tokenizer).
 
     Raises:
-        FileNotFoundError: a local path that does not exist.
+        FileNotFoundError: a local path that does not exist, or a folder without config.json.
+        TargetError: (a ValueError) invalid config.json, a drafter folder, no weights, weights that
+            do not cover the model, or a hub id that cannot be fetched (offline).
         ValueError: unknown dtype.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -33,13 +132,28 @@ def load_target(path: str | Path, dtype: str | torch.dtype | None = None):
     if p.suffix == ".gguf":
         if not p.is_file():
             raise FileNotFoundError(f"{p}: GGUF file not found")
-        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype_)
+        tok = _hf_load(p, "tokenizer", AutoTokenizer.from_pretrained, str(p.parent), gguf_file=p.name)
+        model = _hf_load(
+            p, "weights", AutoModelForCausalLM.from_pretrained, str(p.parent), gguf_file=p.name, dtype=dtype_
+        )
     else:
-        if (str(path).startswith((".", "/")) or p.exists()) and not (p / CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"{p}: not a model folder (no config.json)")
-        tok = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype_)
+        if _is_local(path):
+            check_target_folder(p)
+        tok = _hf_load(path, "tokenizer", AutoTokenizer.from_pretrained, str(path))
+        model, info = _hf_load(
+            path,
+            "weights",
+            AutoModelForCausalLM.from_pretrained,
+            str(path),
+            dtype=dtype_,
+            output_loading_info=True,
+        )
+        if info.get("missing_keys"):
+            missing = sorted(info["missing_keys"])
+            raise TargetError(
+                f"{path}: the weights lack {len(missing)} of {type(model).__name__}'s tensors "
+                f"({', '.join(missing[:3])}, ...); not a complete target checkpoint"
+            )
     model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -66,6 +180,7 @@ def load_tokenizer(target: str | Path):
 
     Raises:
         FileNotFoundError: a local path that does not exist.
+        TargetError: as :func:`load_target`, weights aside.
     """
     from transformers import AutoTokenizer
 
@@ -73,7 +188,7 @@ def load_tokenizer(target: str | Path):
     if p.suffix == ".gguf":
         if not p.is_file():
             raise FileNotFoundError(f"{p}: GGUF file not found")
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    if str(target).startswith((".", "/")) and not p.exists():
-        raise FileNotFoundError(f"{p}: target folder not found")
-    return AutoTokenizer.from_pretrained(str(target))
+        return _hf_load(p, "tokenizer", AutoTokenizer.from_pretrained, str(p.parent), gguf_file=p.name)
+    if _is_local(target):
+        check_target_folder(p, need_weights=False)
+    return _hf_load(target, "tokenizer", AutoTokenizer.from_pretrained, str(target))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from slimspec_convert.atomic import atomic_write_json, staged_folder
+from slimspec_convert.atomic import atomic_write_json, check_folder_free, staged_folder
 from slimspec_convert.checkpoint.canonical import CanonicalTensor, LoadReport, ResolvedCheckpoint
 from slimspec_convert.checkpoint.dialect_config import NORM_OUTPUT_SEMANTICS
 from slimspec_convert.checkpoint.dialects import expected_shapes, resolve_checkpoint
@@ -37,7 +37,7 @@ from slimspec_convert.checkpoint.names import (
 from slimspec_convert.checkpoint.save import hf_config_dict
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, write_safetensors
 from slimspec_convert.dtypes import DTYPES
-from slimspec_convert.lowrank.blocks import NonFiniteError
+from slimspec_convert.lowrank.blocks import NonFiniteError, count_nonfinite
 from slimspec_convert.lowrank.calibrated import (
     DEFAULT_CALIBRATION_DAMP,
     HeadCalibration,
@@ -272,8 +272,7 @@ def convert(
     """
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    if out.exists() and not cfg.force:
-        raise FileExistsError(f"{out}: already exists; pass --force (force=True) to replace it")
+    recovered = check_folder_free(out, cfg.force)  # repairs an interrupted earlier replace first
     if src.resolve() == out.resolve():
         raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
     if calibration is None and cfg.calibration_data:  # after the cheap checks: this pass is slow
@@ -295,7 +294,7 @@ def convert(
     if head is None:
         head = CanonicalTensor(LM_HEAD_KEY, value=borrow(LM_HEAD_KEY, res, tgt), origin="target lm_head")
     W = head.view()  # [V_d, d], memory-mapped
-    notes: list[str] = []
+    notes: list[str] = list(recovered)
     stats = _head_vs_target(W, res, tgt) if tgt is not None else {}
     rows_added = 0
     if cfg.full_vocab and dcfg.is_trimmed:
@@ -341,6 +340,7 @@ def convert(
         raise CheckpointError(
             f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
         ) from e
+    _check_factors(out, fac.W_down, fac.W_up)
     new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]))
     items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
     maps = (
@@ -389,6 +389,21 @@ def convert(
     return report
 
 
+def _check_factors(out: Path, W_down: Tensor, W_up: Tensor) -> None:
+    """Refuse factors that are not finite in their storage dtype (e.g. float16 overflow), naming OUT's file.
+
+    Raises:
+        ValueError: ``{OUT}/model.safetensors: 'lm_head.down.weight' has N NaN/inf entries ...``.
+    """
+    for key, t in ((LM_HEAD_DOWN_KEY, W_down), (LM_HEAD_UP_KEY, W_up)):
+        if bad := count_nonfinite(t):
+            name = str(t.dtype).removeprefix("torch.")
+            raise ValueError(
+                f"{out / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries in {name} (the head's values "
+                f"overflow {name}); nothing written: convert with --dtype bfloat16 or float32"
+            )
+
+
 def _head_vs_target(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> dict[str, float]:
     """Mean cosine and norm ratio of drafter head rows against the target rows of the same tokens."""
     H = tgt.head()
@@ -418,6 +433,8 @@ def _full_vocab_head(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> 
             f"full_vocab: target {tgt.description} has {H.shape[0]} head rows but the drafter's "
             f"vocab_size is {cfg.vocab_size}; is it the drafter's target?"
         )
+    if bad := count_nonfinite(H):
+        raise CheckpointError(f"full_vocab: target {tgt.description}: its lm_head has {bad} NaN/inf entries")
     full = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=W.dtype)
     for start in range(0, full.shape[0], 8192):
         full[start : start + 8192] = H[start : start + 8192]

@@ -15,6 +15,7 @@ import torch
 
 from slimspec_convert.decoding.batch import verify_attention_mask
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.drafting import NonFiniteDecodeError
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.model.kv_cache import DraftKVCache
@@ -312,3 +313,14 @@ def test_load_prompts_mt_bench_turns_and_prompt_lines(tmp_path):
         load_prompts(f)
     f.write_text(json.dumps({"prompt": "hi"}) + "\n")
     assert load_prompts(f) == [("hi",)]
+
+
+@pytest.mark.parametrize("stage", ["target logits", "drafter lm_head"])
+def test_nonfinite_logits_stop_decoding_naming_the_stage(prompts16, stage):
+    target, drafter = tiny_target(seed=3, vocab_size=V), tiny_drafter(seed=1, **HEADS["dense"])
+    with torch.no_grad():  # one NaN row: argmax would silently pick id 0 whenever it is hit
+        (target.lm_head if stage == "target logits" else drafter.lm_head).weight[5].fill_(float("nan"))
+    with pytest.raises(
+        NonFiniteDecodeError, match=f"NaN/inf in the {stage} output while decoding in float32"
+    ):
+        run(target, drafter, prompts16[:1], CHAIN, max_new_tokens=4)

@@ -246,3 +246,19 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     )
     losses = [tr.train_step()[0] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]  # KL(original head || low-rank head) on the drafter's features
+
+
+def test_nonfinite_loss_stops_before_the_update(tmp_path):
+    drafter = tiny_drafter(seed=3)
+    with torch.no_grad():
+        drafter.fc.weight[0, 0] = float("nan")
+    trainer = _trainer(tmp_path, steps=2, drafter=drafter)
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    with pytest.raises(ValueError, match=r"finetune step 1: the KL per TTT step is \[nan, nan\] \(NaN/inf\)"):
+        trainer.train_step()
+    assert all(torch.equal(p.nan_to_num(), before[n].nan_to_num()) for n, p in drafter.named_parameters())
+    with pytest.raises(
+        ValueError, match=r"held-out evaluation at step 0: acceptance \[nan, nan\] is NaN/inf"
+    ):
+        trainer.evaluate()
+    assert not (tmp_path / "model.safetensors").exists()
