@@ -153,8 +153,9 @@ def test_finetune_saves_the_drafters_own_embedding(target, tmp_path, hidden_size
     data = tmp_path / "data.jsonl"
     data.write_text("".join((DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:12]))
     cfg = FinetuneConfig(
-        steps=1, ttt_steps=1, batch_size=2, max_length=32, eval_every=1, eval_batches=1, save_every=1
-    )
+        steps=1, ttt_steps=1, batch_size=2, max_length=32, eval_every=1, eval_batches=1, save_every=1,
+        data_source="human",  # the files' answers: this test is about what the saved folder holds
+    )  # fmt: skip
     run_finetune(target[1], src, [data], tmp_path / "out", cfg)
     loaded, report = load_drafter(tmp_path / "out", target[1])
     assert report.borrowed == [] and "embed_tokens.weight" in report.tensors
@@ -299,6 +300,7 @@ def test_finetune_out_that_is_a_file_and_a_corrupt_resume_state(target, drafter_
     data = tmp_path / "data.jsonl"
     data.write_text("".join((DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:12]))
     args = ["finetune", "--target", str(target[1]), "--drafter", str(drafter_dir), "--data", str(data)]
+    args += ["--data-source", "human"]
     (tmp_path / "file").write_text("keep me")
     refused([*args, "--out", str(tmp_path / "file")], f"{tmp_path / 'file'}: exists and is not a folder")
     assert (tmp_path / "file").read_text() == "keep me"
