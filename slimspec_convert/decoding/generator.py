@@ -222,7 +222,7 @@ class SpeculativeGenerator:
         if self.greedy:
             first = last.argmax(-1)
         else:
-            probs = process_logits(last, self.sampling.temperature, self.sampling.top_p)
+            probs = process_logits(last, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
             first = sample_from_probs(probs, draw_uniforms(st.generators, 1).to(self.device)[:, 0])
         st.root_tok = first
         max_new = self.sampling.max_new_tokens
@@ -321,13 +321,15 @@ class SpeculativeGenerator:
         if method == "tree":
             if self.greedy:
                 return verify_tree_greedy(tree, logits)
-            probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+            probs = process_logits(
+                logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k
+            )
             return verify_tree_sampling(tree, probs, uniforms)
         if draft_ids is None:  # plain decoding: a chain of zero drafts
             draft_ids = logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
         if self.greedy:
             return verify_chain_greedy(draft_ids, logits)
-        probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+        probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
         k = draft_ids.shape[1]
         if q is None:
             q = probs.new_zeros(probs.shape[0], 0, probs.shape[-1])
@@ -383,6 +385,7 @@ class SpeculativeGenerator:
             sampling={
                 "temperature": self.sampling.temperature,
                 "top_p": self.sampling.top_p,
+                "top_k": self.sampling.top_k,
                 "max_new_tokens": self.sampling.max_new_tokens,
                 "seed": self.sampling.seed,
             },
