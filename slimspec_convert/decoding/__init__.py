@@ -2,6 +2,7 @@
 batch state, the generator, prompts and results.
 """
 
+from slimspec_convert.decoding.batch import DecodeHooks
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.prompts import load_prompts
@@ -13,6 +14,7 @@ from slimspec_convert.decoding.speculative import (
 )
 
 __all__ = [
+    "DecodeHooks",
     "DraftConfig",
     "GenerateConfig",
     "GenerationResult",
