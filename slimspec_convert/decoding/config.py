@@ -41,10 +41,10 @@ class SamplingConfig:
 
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0  # sampling top-k (0 = off); not DraftConfig.top_k, the tree's branching
     max_new_tokens: int = 128
     seed: int = 0
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    top_k: int = 0  # sampling top-k (0 = off); not DraftConfig.top_k, the tree's branching
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
