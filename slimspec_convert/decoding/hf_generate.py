@@ -29,9 +29,11 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from transformers import TextStreamer
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -386,7 +388,7 @@ def _with_seeds_and_streamer(hooks, gen, B, generator, seed, streamer) -> Decode
     if streamer is not None:
         if B > 1:
             raise ValueError(f"streamer: streams one row, got a batch of {B}")
-        on_commit = lambda row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
+        on_commit = streaming_hooks(streamer).on_commit
     return DecodeHooks(seeds=seeds, on_commit=on_commit, stop_when=hooks.stop_when)
 
 
@@ -404,3 +406,30 @@ def _sequences(input_ids: Tensor, outputs: list[list[int]], pad_id: int | None) 
         raise ValueError("pad_token_id: needed to pad rows that stopped early; pass pad_token_id")
     new = torch.tensor([o + [pad_id] * (n - len(o)) for o in outputs], dtype=torch.long)  # [B, N]
     return torch.cat([input_ids, new.to(input_ids.device)], dim=1)
+
+
+# ---- streaming outside generate() ---------------------------------------------------------------
+class TextChunkStreamer(TextStreamer):
+    """transformers' ``TextStreamer`` (its incremental detokenisation) handing each finished piece of
+    text to ``on_text`` instead of printing it; feed it with :func:`streaming_hooks`.
+
+    Args:
+        tokenizer: the target's tokenizer.
+        on_text: called with each new piece of text, in order (their concatenation is the text).
+        **decode_kwargs: for ``tokenizer.decode`` (e.g. ``skip_special_tokens=True``).
+    """
+
+    def __init__(self, tokenizer, on_text: Callable[[str], None], **decode_kwargs) -> None:
+        super().__init__(tokenizer, skip_prompt=False, **decode_kwargs)
+        self.on_text = on_text
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        """Pass ``text`` on (TextStreamer's hook; nothing is printed)."""
+        if text:
+            self.on_text(text)
+
+
+def streaming_hooks(streamer) -> DecodeHooks:
+    """:class:`DecodeHooks` that put each committed token block ([n] int64) into ``streamer``
+    (one row: call ``streamer.end()`` after decoding)."""
+    return DecodeHooks(on_commit=lambda row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long)))
