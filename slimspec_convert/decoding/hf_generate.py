@@ -11,13 +11,13 @@ that ``_sample`` lacks (here ``drafter``, ``draft``, ``generator``, ``seed``); `
 ``attention_mask`` (None when it is all ones), ``position_ids``, ``logits_to_keep``, an empty
 ``cache`` and ``use_cache``.
 
-Two things generate() keeps from a callable: the streamer (it puts the prompt into it, then
-``_extract_generation_mode_kwargs`` rebuilds the mode kwargs from the callable's own keys, dropping
-``streamer``, ``assistant_model`` and ``tokenizer``) and hence the tokenizer ``stop_strings`` need
-(generate() raises for them before the callable runs). So the streamer and ``assistant_model`` are
-read from generate()'s own frame, identified by its code object; a ``streamer`` passed explicitly
-(a direct call, or a transformers that forwards it) wins. ``StopStringCriteria`` arriving in
-``stopping_criteria`` are honoured token by token.
+What generate() keeps from a callable: ``_extract_generation_mode_kwargs`` rebuilds the mode kwargs
+from the callable's own keys, so ``streamer`` (after generate() has put the prompt into it),
+``assistant_model`` and ``tokenizer`` never reach it, and without the tokenizer generate() itself
+raises for ``stop_strings`` before the callable runs. The streamer and ``assistant_model`` are
+therefore read from generate()'s frame, identified by its code object; a ``streamer`` passed
+explicitly (a direct call, or a transformers that forwards it) wins. ``StopStringCriteria`` that do
+arrive in ``stopping_criteria`` are honoured token by token.
 
 Every option is either honoured or refused with a ``ValueError`` naming it (:func:`check_options`):
 temperature, top-k and top-p are the only logits processing speculative sampling can apply to the
