@@ -7,6 +7,8 @@ decoding with it. The public API:
 - :func:`load_drafter`: any published EAGLE-3 layout -> :class:`Eagle3Drafter` (strict, checked);
 - :func:`convert` (alias :func:`convert_checkpoint`) with :class:`ConvertConfig`: the conversion;
 - :class:`SpeculativeGenerator` with :class:`DraftConfig` / :class:`SamplingConfig`: lossless decoding;
+- :func:`speculative_generate`: the same inside transformers,
+  ``model.generate(**inputs, custom_generate=speculative_generate, drafter=drafter)``;
 - :func:`lowrank_factorize`, :func:`calibrated_factorize`: the factorisation (tensors in, tensors out);
 - :func:`predicted_speedup`: the cost model ``rho_TPS = rho_tau (1 + kappa) / (1 + nu kappa)``.
 
@@ -17,6 +19,7 @@ Subpackages, bottom to top: ``lowrank`` (math), ``target``, ``model``, ``checkpo
 from slimspec_convert.checkpoint.load import inspect_drafter, load_drafter
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.hf_generate import speculative_generate
 from slimspec_convert.lowrank.calibrated import calibrated_factorize
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.lowrank.svd import lowrank_factorize
@@ -40,4 +43,5 @@ __all__ = [
     "load_drafter",
     "lowrank_factorize",
     "predicted_speedup",
+    "speculative_generate",
 ]

@@ -66,6 +66,10 @@ def generate(
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON list, one object per prompt")
     ] = False,
+    stream: Annotated[
+        bool,
+        typer.Option("--stream", help="print tokens as they are committed (one --prompt), then the stats"),
+    ] = False,
 ) -> None:
     """Generate with the target alone or with an EAGLE-3 drafter (greedy output = the target's)."""
     apply_threads(threads)
@@ -80,11 +84,29 @@ def generate(
     )
     dcfg = DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
     scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
-    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg)
+    if stream and json_out:
+        raise ValueError("--stream and --json: choose one (--json prints everything at the end)")
+    on_text = (lambda text: typer.echo(text, nl=False)) if stream else None
+    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text)
+    if stream:
+        typer.echo("")
+        typer.echo(stats_line(results[0]))
+        return
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
         return
     _print_results(results)
+
+
+def stats_line(result: GenerationResult) -> str:
+    """One line of a result's statistics (tau with its convention)."""
+    s = result.stats
+    tau = "-" if s.tau is None else f"{s.tau:.2f}"
+    return (
+        f"{s.new_tokens} new tokens, {s.cycles} cycles, tau {tau} (accepted drafts + 1 bonus per "
+        f"verification), {s.tokens_per_s:.1f} tokens/s, target {s.target_ms:.0f} ms, drafter "
+        f"{s.drafter_backbone_ms:.0f} ms, head {s.drafter_head_ms:.0f} ms"
+    )
 
 
 def _print_results(results: list[GenerationResult]) -> None:

@@ -9,7 +9,7 @@ right-aligned and ``m - n_b`` holes before them, which no query ever attends to.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +18,34 @@ from torch import Tensor
 from slimspec_convert.decoding.results import StageTimes
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.target.cache import keep_cache_slots, select_cache_rows
+
+
+@dataclass(frozen=True)
+class DecodeHooks:
+    """Per-call options for callers that follow decoding token by token (transformers' ``generate``
+    adapter, streaming). ``row`` below is the prompt's index in the call.
+
+    Attributes:
+        seeds: one sampling seed per prompt (None: ``SamplingConfig.seed`` for every prompt).
+        on_commit: ``on_commit(row, tokens)`` with a row's newly committed tokens (after stop and
+            budget truncation), in order, as soon as they are committed.
+        stop_when: ``stop_when(row, output_ids)`` after each appended token (``output_ids`` is the
+            row's live output list: read it, do not keep or change it); True ends the row after
+            that token, as a stop token would (stop strings).
+    """
+
+    seeds: Sequence[int] | None = None
+    on_commit: Callable[[int, list[int]], None] | None = None
+    stop_when: Callable[[int, list[int]], bool] | None = None
+
+    def window(self, lo: int, n: int) -> DecodeHooks:
+        """The hooks of prompts ``lo .. lo+n-1`` decoded as one batch (its row b is prompt lo + b)."""
+        on_commit, stop_when = self.on_commit, self.stop_when
+        return DecodeHooks(
+            seeds=None if self.seeds is None else list(self.seeds[lo : lo + n]),
+            on_commit=None if on_commit is None else (lambda row, tokens: on_commit(lo + row, tokens)),
+            stop_when=None if stop_when is None else (lambda row, out: stop_when(lo + row, out)),
+        )
 
 
 @dataclass
@@ -39,28 +67,32 @@ class DecodeState:
     finish_wall: list[float] = field(default_factory=list)
     times: StageTimes = field(default_factory=StageTimes)
     t_start: float = 0.0
+    hooks: DecodeHooks = field(default_factory=DecodeHooks)
 
     def commit(self, b: int, tokens: list[int], stop_ids, max_new_tokens: int, record: bool = True) -> bool:
-        """Append active row b's tokens, cut after the first stop token and at max_new_tokens.
+        """Append active row b's tokens, cut after the first stop token (or ``hooks.stop_when``) and
+        at max_new_tokens, then pass them to ``hooks.on_commit``.
 
         Returns:
             True when the row has finished.
         """
         row = self.rows[b]
         out = self.outputs[row]
-        take = tokens[: max_new_tokens - len(out)]
-        finished = False
-        for i, t in enumerate(take):
-            if t in stop_ids:
-                take, finished = take[: i + 1], True
+        start, finished = len(out), False
+        stop_when = self.hooks.stop_when
+        for t in tokens[: max_new_tokens - start]:
+            out.append(t)
+            if t in stop_ids or (stop_when is not None and stop_when(row, out)):
+                finished = True
                 break
-        out.extend(take)
         finished = finished or len(out) >= max_new_tokens
         if record:
-            self.committed[row].append(len(take))
+            self.committed[row].append(len(out) - start)
         if finished:
             self.finish_times[row] = self.times.copy()
             self.finish_wall[row] = (time.perf_counter() - self.t_start) * 1e3
+        if self.hooks.on_commit is not None and len(out) > start:
+            self.hooks.on_commit(row, out[start:])
         return finished
 
     def select(self, sel: Tensor) -> None:

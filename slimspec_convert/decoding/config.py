@@ -35,19 +35,24 @@ class DraftConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Decoding: temperature 0 is greedy; otherwise lossless speculative sampling with top-p."""
+    """Decoding: temperature 0 is greedy; otherwise lossless speculative sampling from the target's
+    distribution after temperature, top-k and top-p (transformers' warpers, in that order; the drafter
+    proposes from its own logits processed the same way)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 128
     seed: int = 0
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    top_k: int = 0  # sampling top-k (0 = off); not DraftConfig.top_k, the tree's branching
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"SamplingConfig.temperature={self.temperature}: expected >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p={self.top_p}: expected 0 < P <= 1")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k={self.top_k}: expected >= 0 (0 = off)")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: expected >= 1")
 

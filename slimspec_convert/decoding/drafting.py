@@ -179,7 +179,7 @@ class DrafterRunner:
         """Tree scores: log of the drafting distribution (raw softmax when greedy), <= 0."""
         if self.sampling.temperature == 0:
             return torch.log_softmax(logits, dim=-1)
-        q = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+        q = process_logits(logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
         return q.log().clamp_(max=0.0)
 
     def to_target(self, draft_ids: Tensor) -> Tensor:
@@ -236,7 +236,9 @@ class DrafterRunner:
             if uniforms is None:
                 idx = logits.argmax(-1)
             else:
-                q = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+                q = process_logits(
+                    logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k
+                )
                 idx = sample_from_probs(q, uniforms[:, i])
                 qs.append(self.scatter_probs(q))
             tok = self.to_target(idx)

@@ -12,7 +12,9 @@ validity mask over cache slots (``valid``, None while every slot is real). A rou
 ``m = max_b n_b`` slots; row b's ``n_b`` kept slots are right-aligned and the rest are holes that no
 query attends to, so a row computes exactly what it would alone (up to float summation order).
 Finished rows leave the batch. Sampling draws per-row uniforms from a per-row generator seeded with
-``SamplingConfig.seed``, so a prompt's output does not depend on its batch.
+``SamplingConfig.seed`` (or the prompt's own seed in ``DecodeHooks.seeds``), so a prompt's output does
+not depend on its batch. ``DecodeHooks`` also carries a per-commit callback (streaming) and a stop
+predicate checked after every token (stop strings).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from dataclasses import asdict
 import torch
 from torch import Tensor
 
-from slimspec_convert.decoding.batch import DecodeState, keep_accepted, pad_left, verify_attention_mask
+from slimspec_convert.decoding.batch import (
+    DecodeHooks,
+    DecodeState,
+    keep_accepted,
+    pad_left,
+    verify_attention_mask,
+)
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.drafting import DrafterRunner, block_mask, check_finite_logits
 from slimspec_convert.decoding.prompts import chat_template_id, render_chat
@@ -62,6 +70,8 @@ class SpeculativeGenerator:
         chat: apply the tokenizer's chat template to string prompts.
         system_prompt: system message for the chat template (None = template default).
         batch_size: prompts decoded together (left-padded).
+        stop_ids: exactly these stop token ids (None: ``sampling.stop_token_ids`` plus the eos ids of
+            the model's generation config, its config and the tokenizer).
 
     Raises:
         ValueError: drafter and target disagree (vocabulary, hidden width, aux layers), or the
@@ -79,6 +89,7 @@ class SpeculativeGenerator:
         chat: bool = True,
         system_prompt: str | None = None,
         batch_size: int = 1,
+        stop_ids: Sequence[int] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: expected >= 1")
@@ -94,7 +105,7 @@ class SpeculativeGenerator:
         self.device = next(target_model.parameters()).device
         self.dtype = next(target_model.parameters()).dtype
         self.windows = target_mask_windows(target_model)
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = self._stop_ids() if stop_ids is None else frozenset(int(t) for t in stop_ids)
         self.pad_id = self._pad_id()
         self.aux_layers: tuple[int, ...] = ()
         if drafter is not None:
@@ -156,13 +167,25 @@ class SpeculativeGenerator:
 
     # ---- public API --------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str | Sequence[int]]) -> list[GenerationResult]:
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], hooks: DecodeHooks | None = None
+    ) -> list[GenerationResult]:
         """Generate for each prompt (strings or token-id lists), ``batch_size`` at a time.
+
+        Args:
+            prompts: strings (encoded, with the chat template when ``chat``) or token-id lists.
+            hooks: per-prompt seeds, a per-commit callback and a stop predicate (rows = prompt index).
 
         Returns:
             One :class:`GenerationResult` per prompt, in order.
+
+        Raises:
+            ValueError: ``hooks.seeds`` does not hold one seed per prompt.
         """
-        return self._generate([(p, ()) for p in prompts])
+        hooks = hooks or DecodeHooks()
+        if hooks.seeds is not None and len(hooks.seeds) != len(prompts):
+            raise ValueError(f"hooks.seeds has {len(hooks.seeds)} seeds for {len(prompts)} prompts")
+        return self._generate([(p, ()) for p in prompts], hooks)
 
     @torch.inference_mode()
     def generate_conversations(self, conversations: Sequence[Sequence[str]]) -> list[list[GenerationResult]]:
@@ -178,16 +201,16 @@ class SpeculativeGenerator:
             for i in todo:
                 history = tuple((conversations[i][j], results[i][j].text or "") for j in range(t))
                 items.append((conversations[i][t], history))
-            for i, res in zip(todo, self._generate(items), strict=True):
+            for i, res in zip(todo, self._generate(items, DecodeHooks()), strict=True):
                 results[i].append(res)
         return results
 
-    def _generate(self, items) -> list[GenerationResult]:
+    def _generate(self, items, hooks: DecodeHooks) -> list[GenerationResult]:
         encoded = [self.encode(p, h) for p, h in items]
         out: list[GenerationResult] = []
         for lo in range(0, len(items), self.batch_size):
             batch = encoded[lo : lo + self.batch_size]
-            state = self.start([ids for ids, _ in batch])
+            state = self.start([ids for ids, _ in batch], hooks.window(lo, len(batch)))
             while state.rows:
                 self.step(state)
             for j, (ids, text) in enumerate(batch):
@@ -196,11 +219,12 @@ class SpeculativeGenerator:
         return out
 
     # ---- prefill -----------------------------------------------------------------------------
-    def start(self, prompt_ids: Sequence[Sequence[int]]) -> DecodeState:
+    def start(self, prompt_ids: Sequence[Sequence[int]], hooks: DecodeHooks | None = None) -> DecodeState:
         """Prefill a batch: target forward over the prompts, first token, drafter prefill.
 
         Args:
             prompt_ids: token ids per row (non-empty).
+            hooks: this batch's seeds and callbacks (row b = ``prompt_ids[b]``); None = none.
 
         Returns:
             The batch's :class:`DecodeState` (rows that already finished have left it).
@@ -212,7 +236,7 @@ class SpeculativeGenerator:
         B, P = ids.shape
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         padded = min(lengths) != P
-        st = self._new_state(lengths, attn.bool() if padded else None, pos)
+        st = self._new_state(lengths, attn.bool() if padded else None, pos, hooks or DecodeHooks())
         if self.drafter is not None:
             self.runner.times = st.times
         out = self._target(
@@ -223,7 +247,7 @@ class SpeculativeGenerator:
         if self.greedy:
             first = last.argmax(-1)
         else:
-            probs = process_logits(last, self.sampling.temperature, self.sampling.top_p)
+            probs = process_logits(last, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
             first = sample_from_probs(probs, draw_uniforms(st.generators, 1).to(self.device)[:, 0])
         st.root_tok = first
         max_new = self.sampling.max_new_tokens
@@ -242,8 +266,11 @@ class SpeculativeGenerator:
             st.h_last = self.runner.real_forward(st.draft_cache, aux, tokens, pos, mask)
         return st
 
-    def _new_state(self, lengths: list[int], valid: Tensor | None, pos: Tensor) -> DecodeState:
+    def _new_state(
+        self, lengths: list[int], valid: Tensor | None, pos: Tensor, hooks: DecodeHooks
+    ) -> DecodeState:
         B = len(lengths)
+        seeds = hooks.seeds if hooks.seeds is not None else [self.sampling.seed] * B
         return DecodeState(
             rows=list(range(B)),
             target_cache=new_target_cache(),
@@ -253,12 +280,13 @@ class SpeculativeGenerator:
             root_pos=torch.tensor(lengths, device=self.device),
             root_tok=torch.zeros(B, dtype=torch.long, device=self.device),
             h_last=None,
-            generators=[torch.Generator().manual_seed(self.sampling.seed) for _ in range(B)],
+            generators=[torch.Generator().manual_seed(int(seed)) for seed in seeds],
             outputs=[[] for _ in range(B)],
             committed=[[] for _ in range(B)],
             finish_times=[None] * B,
             finish_wall=[0.0] * B,
             t_start=time.perf_counter(),
+            hooks=hooks,
         )
 
     def _windowed(self) -> bool:
@@ -323,13 +351,15 @@ class SpeculativeGenerator:
         if method == "tree":
             if self.greedy:
                 return verify_tree_greedy(tree, logits)
-            probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+            probs = process_logits(
+                logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k
+            )
             return verify_tree_sampling(tree, probs, uniforms)
         if draft_ids is None:  # plain decoding: a chain of zero drafts
             draft_ids = logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
         if self.greedy:
             return verify_chain_greedy(draft_ids, logits)
-        probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p)
+        probs = process_logits(logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
         k = draft_ids.shape[1]
         if q is None:
             q = probs.new_zeros(probs.shape[0], 0, probs.shape[-1])
@@ -385,6 +415,7 @@ class SpeculativeGenerator:
             sampling={
                 "temperature": self.sampling.temperature,
                 "top_p": self.sampling.top_p,
+                "top_k": self.sampling.top_k,
                 "max_new_tokens": self.sampling.max_new_tokens,
                 "seed": self.sampling.seed,
             },

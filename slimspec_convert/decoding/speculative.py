@@ -36,26 +36,39 @@ from torch import Tensor
 
 
 # ---- distributions ---------------------------------------------------------------------------
-def process_logits(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
-    """Temperature and nucleus (top-p) processing: the distribution sampling draws from.
+def process_logits(logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> Tensor:
+    """Temperature, top-k and nucleus (top-p) processing: the distribution sampling draws from.
+
+    The order and tie rules are those of transformers' sampling warpers (``TemperatureLogitsWarper``,
+    ``TopKLogitsWarper``, ``TopPLogitsWarper``, applied in that order), so the result is the
+    distribution ``model.generate(do_sample=True, ...)`` samples from.
 
     Args:
         logits: [..., V] any float dtype.
         temperature: > 0.
         top_p: 0 < P <= 1; keeps the smallest highest-probability set whose mass reaches P
-            (a token is kept when the mass strictly before it, in descending order, is < P).
+            (a token is kept when the mass strictly before it, in descending order, is < P),
+            computed after top-k.
+        top_k: 0 = off; else keep the logits >= the k-th largest (ties at the k-th value are
+            all kept, as transformers does); k > V keeps everything.
 
     Returns:
-        [..., V] float32 probabilities summing to 1 (zeros outside the nucleus).
+        [..., V] float32 probabilities summing to 1 (zeros outside the kept set).
 
     Raises:
-        ValueError: temperature <= 0 or top_p outside (0, 1].
+        ValueError: temperature <= 0, top_p outside (0, 1] or top_k < 0.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: processing needs > 0 (0 means greedy)")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p}: expected 0 < P <= 1")
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k}: expected >= 0 (0 = off)")
+    scaled = logits.float() / temperature
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., V]

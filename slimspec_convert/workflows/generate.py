@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.hf_generate import TextChunkStreamer, streaming_hooks
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.model.drafter import Eagle3Drafter
@@ -53,6 +55,7 @@ def generate_from_paths(
     gcfg: GenerateConfig,
     dcfg: DraftConfig,
     scfg: SamplingConfig,
+    on_text: Callable[[str], None] | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -62,15 +65,22 @@ def generate_from_paths(
         prompt: one prompt (exactly one of ``prompt`` and ``prompts``).
         prompts: JSONL with ``prompt`` or MT-Bench ``turns``.
         gcfg, dcfg, scfg: prompt handling and dtype, draft shape, sampling.
+        on_text: stream the output: called with each piece of text as its tokens are committed
+            (special tokens skipped, so the pieces join into ``result.text``); one prompt only.
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
 
     Raises:
-        ValueError: both or neither of prompt and prompts; bad prompt files; bad rerank.
+        ValueError: both or neither of prompt and prompts; bad prompt files; bad rerank; streaming
+            anything but one prompt.
     """
     if (prompt is None) == (prompts is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    if on_text is not None and (prompt is None or gcfg.all_turns):
+        raise ValueError(
+            "--stream prints one prompt's tokens as they come: give --prompt (not --prompts, --all-turns)"
+        )
     turns = [(prompt,)] if prompt is not None else load_prompts(prompts, all_turns=gcfg.all_turns)
     if gcfg.max_prompts is not None:
         turns = turns[: gcfg.max_prompts]
@@ -87,4 +97,9 @@ def generate_from_paths(
     )
     if gcfg.all_turns:
         return [r for conv in gen.generate_conversations(turns) for r in conv]
-    return gen.generate([t[0] for t in turns])
+    if on_text is None:
+        return gen.generate([t[0] for t in turns])
+    streamer = TextChunkStreamer(tokenizer, on_text, skip_special_tokens=True)
+    results = gen.generate([prompt], streaming_hooks(streamer))
+    streamer.end()
+    return results

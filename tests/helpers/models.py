@@ -106,6 +106,25 @@ def tiny_tokenizer(vocab_size: int = 128):
     return fast
 
 
+def tiny_char_tokenizer(vocab_size: int = 16):
+    """A character-level fast tokenizer: 0 <pad>, 1 <s>, 2 </s> (eos), then the letters a, b, c, ...
+
+    Each id decodes to exactly one character (no spaces), which transformers' ``StopStringCriteria``
+    needs (it cannot read a word-level vocabulary).
+    """
+    import string
+
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + list(string.ascii_lowercase[: vocab_size - 3]))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
 def smollm2_drafter_config(**overrides) -> DrafterConfig:
     """The geometry of an EAGLE-3 drafter for SmolLM2-135M (d=576, 9/3 heads of 64, I=1536, V=49152)."""
     base = dict(

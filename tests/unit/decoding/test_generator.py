@@ -13,7 +13,7 @@ import logging
 import pytest
 import torch
 
-from slimspec_convert.decoding.batch import verify_attention_mask
+from slimspec_convert.decoding.batch import DecodeHooks, verify_attention_mask
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.drafting import NonFiniteDecodeError
 from slimspec_convert.decoding.generator import SpeculativeGenerator
@@ -202,6 +202,47 @@ def test_stop_token_inside_draft_stops_at_first_occurrence(target16, prompts16, 
     stop = free[i].output_ids[j]
     res = run(target16, drafter, [prompts16[i]], TREE, stop_token_ids=(stop,))
     assert res[0].output_ids == reference16[i][: j + 1]
+
+
+def test_hooks_see_every_commit_and_stop_when_cuts_inside_a_round(target16, prompts16, reference16):
+    drafter = tiny_drafter(seed=0, **HEADS["dense"])
+    seen: dict[int, list[list[int]]] = {0: [], 1: [], 2: []}
+    res = SpeculativeGenerator(target16, None, drafter, TREE, SamplingConfig(max_new_tokens=24), batch_size=2)
+    out = res.generate(prompts16, DecodeHooks(on_commit=lambda row, toks: seen[row].append(list(toks))))
+    for i, r in enumerate(out):
+        assert [t for chunk in seen[i] for t in chunk] == r.output_ids == reference16[i]
+        assert [len(c) for c in seen[i]] == [1] + r.stats.committed_per_cycle  # prefill, then rounds
+    assert max(len(c) for chunks in seen.values() for c in chunks) >= 3  # multi-token commits
+    # A two-token "stop string" ending inside a multi-token round (not at its end), at its first occurrence.
+    found = None
+    for i in range(3):
+        ref, start = reference16[i], 0
+        for c in seen[i]:
+            for e in range(max(start, 1), start + len(c) - 1):
+                if all(ref[e - 1 : e + 1] != ref[x - 1 : x + 1] for x in range(1, e)):
+                    found = found or (i, e)
+            start += len(c)
+    assert found is not None, "no stop position inside a round; pick another seed"
+    i, e = found
+    bigram = reference16[i][e - 1 : e + 1]
+    cut = res.generate([prompts16[i]], DecodeHooks(stop_when=lambda row, o: o[-2:] == bigram))
+    assert cut[0].output_ids == reference16[i][: e + 1]
+    assert len(cut[0].output_ids) < len(reference16[i])
+
+
+def test_hooks_seeds_give_each_prompt_its_own_sample(target16):
+    drafter = tiny_drafter(seed=0, **HEADS["trimmed"])
+    gen = SpeculativeGenerator(
+        target16, None, drafter, CHAIN, SamplingConfig(temperature=1.0, max_new_tokens=16), batch_size=2
+    )
+    same = [[5, 9, 4]] * 2
+    a, b = (r.output_ids for r in gen.generate(same))
+    assert a == b  # one SamplingConfig.seed for both rows
+    c, d = (r.output_ids for r in gen.generate(same, DecodeHooks(seeds=[11, 12])))
+    assert c != d
+    assert gen.generate(same[:1], DecodeHooks(seeds=[12]))[0].output_ids == d  # a seed, not a row index
+    with pytest.raises(ValueError, match="hooks.seeds has 1 seeds for 2 prompts"):
+        gen.generate(same, DecodeHooks(seeds=[1]))
 
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 7])

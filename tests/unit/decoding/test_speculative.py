@@ -42,6 +42,42 @@ def test_process_logits_temperature_and_top_p():
         process_logits(probs, 0.0)
 
 
+def test_process_logits_top_k_keeps_ties_then_top_p():
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.2, 0.1]).log()
+    # top_k 2: the 2nd largest is 0.2, and both 0.2s tie with it -> {0.4, 0.2, 0.2} renormalised /0.8.
+    assert process_logits(probs, 1.0, top_k=2).tolist() == pytest.approx([0, 0.5, 0.25, 0.25, 0], abs=1e-6)
+    # then top_p 0.6 on [0.5, 0.25, 0.25]: mass before = 0, 0.5, 0.75 -> the 0.5 and one 0.25 (which
+    # of the tied pair is up to the sort) -> [2/3, 1/3]. top_k 1 keeps the argmax; top_k >= V is a no-op.
+    both = process_logits(probs, 1.0, 0.6, 2)
+    assert sorted(v for v in both.tolist() if v > 0) == pytest.approx([1 / 3, 2 / 3], abs=1e-6)
+    assert both[1].item() == pytest.approx(2 / 3, abs=1e-6)
+    assert process_logits(probs, 1.0, top_k=1).tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert process_logits(probs, 1.0, top_k=9).tolist() == pytest.approx([0.1, 0.4, 0.2, 0.2, 0.1], abs=1e-6)
+    with pytest.raises(ValueError, match="top_k=-1"):
+        process_logits(probs, 1.0, top_k=-1)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.7, 0.9, 20), (1.3, 1.0, 5), (1.0, 0.5, 0)])
+def test_process_logits_equals_transformers_warpers(temperature, top_p, top_k):
+    # Independent implementation: transformers' own warpers, in the order generate() builds them.
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, :3] = logits[0, 3]  # ties at the k-th value
+    scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    ours = process_logits(logits, temperature, top_p, top_k)
+    assert torch.equal(ours > 0, torch.softmax(scores, -1) > 0)
+    assert torch.allclose(ours, torch.softmax(scores, -1), atol=1e-6)
+
+
 def test_sample_from_probs_inverse_cdf_skips_zero_mass():
     probs = torch.tensor([0.25, 0.0, 0.75]).expand(5, 3)  # CDF 0.25, 0.25, 1.0
     u = torch.tensor([0.0, 0.2499, 0.25, 0.6, 0.99999])
@@ -149,8 +185,9 @@ V_SMALL = 5
 N_TRIALS = 40000
 
 
-def _markov_tables():
-    """Target and drafter next-token logits [V, V] (row = current token), fixed by hand.
+def _markov_tables(temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0):
+    """Target and drafter next-token distributions [V, V] (row = current token), logits fixed by hand,
+    both processed with the same temperature, top-p and top-k.
 
     The drafter's vocabulary is trimmed to {0, 1, 2} (logits -inf elsewhere), so q is zero on
     tokens 3 and 4 while the target gives them mass.
@@ -174,7 +211,9 @@ def _markov_tables():
             [0.0, 2.0, 1.0, ninf, ninf],
         ]
     )
-    return process_logits(target, 0.8, 0.95), process_logits(drafter, 0.8, 0.95)
+    return process_logits(target, temperature, top_p, top_k), process_logits(
+        drafter, temperature, top_p, top_k
+    )
 
 
 def _tv_bound(exact: torch.Tensor, n: int, delta: float = 1e-6) -> float:
@@ -247,9 +286,12 @@ def _tree_round(target_p, draft_q, K):
     return round_fn
 
 
+@pytest.mark.parametrize("processing", [(0.8, 0.95, 0), (1.0, 1.0, 3)], ids=["top_p", "top_k"])
 @pytest.mark.parametrize("method", ["chain", "tree"])
-def test_sampling_is_lossless_on_markov_target(method):
-    target_p, draft_q = _markov_tables()
+def test_sampling_is_lossless_on_markov_target(method, processing):
+    target_p, draft_q = _markov_tables(*processing)
+    if processing[2]:  # guard: top-k really removed target mass (2 of 5 tokens per row)
+        assert bool(((target_p > 0).sum(-1) == 3).all())
     start = 0
     exact = target_p[start][:, None] * target_p  # P(y1, y2) = p(y1 | 0) p(y2 | y1), [V, V]
     g = torch.Generator().manual_seed(1234)
