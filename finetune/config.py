@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
+
 TRAIN_CHOICES = ("head", "head+lora", "all", "body")
 TEACHER_CHOICES = ("target", "drafter")
 
@@ -25,7 +27,9 @@ class FinetuneConfig:
     embeddings: the drafter learns to use a frozen head, as speculators does since 2026-04).
     ``batch_size`` is the global batch per optimizer micro-step; with ``grad_accum`` G the
     optimizer sees ``batch_size * G`` sequences. In multi-process runs each rank takes an equal
-    slice of the global batch.
+    slice of the global batch. ``device`` places the target and the drafter; ``dtype`` is the
+    target's (the teacher); the drafter's trained parameters stay float32, under bf16 autocast on
+    CUDA (``bf16_autocast``).
     """
 
     steps: int = 200
@@ -49,6 +53,8 @@ class FinetuneConfig:
     num_workers_hint: int = 0
     bf16_autocast: bool = True  # used only where the hardware supports bf16 (CUDA)
     max_eval_fraction: float = 0.05  # held-out share of the data when no --eval-data is given
+    device: str = "auto"  # cuda when available, else cpu (target and drafter)
+    dtype: str = AUTO_DTYPE  # the target's dtype: bfloat16 on CUDA, float32 on the CPU
 
     def __post_init__(self) -> None:
         if self.train not in TRAIN_CHOICES:
@@ -83,6 +89,8 @@ class FinetuneConfig:
             raise ValueError(f"FinetuneConfig.ttt_decay={self.ttt_decay}: expected 0 < decay <= 1")
         if self.warmup_steps < 0:
             raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
+        check_device_name("FinetuneConfig", self.device)
+        check_run_dtype("FinetuneConfig", self.dtype)
         if not 0 < self.max_eval_fraction < 1:
             raise ValueError(f"FinetuneConfig.max_eval_fraction={self.max_eval_fraction}: expected in (0, 1)")
 

@@ -64,13 +64,13 @@ def train_drafter(
     cfg = cfg if cfg is not None else FinetuneConfig.for_new_drafter()
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target)
+    model, tok = load_target(target, cfg.dtype, cfg.device)
     examples, stats = load_examples(
         tok, data, cfg.max_length, target_model=model, self_distill=self_distill, cache_dir=out
     )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     counts = token_counts(train_ex, int(model.config.vocab_size)) if draft_vocab_size else None
-    drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed)
+    drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed).to(model.device)
     meta = _meta("train-drafter", str(target), data, cfg, stats)
     return _run(drafter, model, tok, train_ex, eval_ex, cfg, out, resume=resume, meta=meta)
 
@@ -116,9 +116,9 @@ def finetune(
     out = Path(out)
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target)
+    model, tok = load_target(target, cfg.dtype, cfg.device)
     drafter, _ = load_drafter(drafter_path, target=model)
-    drafter = drafter.float()
+    drafter = drafter.float().to(model.device)  # trained parameters stay float32 (autocast on CUDA)
     teacher_head = None
     if cfg.teacher == "drafter":
         if teacher_drafter is None:
@@ -126,7 +126,7 @@ def finetune(
                 "--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)"
             )
         teacher, _ = load_drafter(teacher_drafter, target=model)
-        teacher_head = copy_head(teacher.float())
+        teacher_head = copy_head(teacher.float().to(model.device))
     examples, stats = load_examples(
         tok, data, cfg.max_length, target_model=model, self_distill=self_distill, cache_dir=out
     )

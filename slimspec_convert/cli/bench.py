@@ -18,6 +18,8 @@ from slimspec_convert.workflows.rank_sweep import RankSweepConfig, rank_sweep, s
 from slimspec_convert.workflows.trim import TrimConfig, trim_checkpoint
 
 _HEAD, _SWEEP = BenchHeadConfig(), RankSweepConfig()
+_DTYPE_HELP = "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16"
+_DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
 
 def _csv(values: tuple) -> str:
@@ -160,7 +162,8 @@ def rank_sweep_cmd(
     ] = _SWEEP.num_draft_tokens,
     max_examples: Annotated[int, typer.Option(help="held-out conversations used")] = _SWEEP.max_examples,
     max_length: Annotated[int, typer.Option(help="tokens per conversation")] = _SWEEP.max_length,
-    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = _SWEEP.dtype,
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = _SWEEP.dtype,
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = _SWEEP.device,
     repeats: Annotated[int, typer.Option(help="timed rounds per latency")] = _SWEEP.repeats,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     finetune_steps: Annotated[
@@ -181,6 +184,7 @@ def rank_sweep_cmd(
         max_examples=max_examples,
         max_length=max_length,
         dtype=dtype,
+        device=device,
         repeats=repeats,
         force=force,
         finetune_steps=finetune_steps,
@@ -232,7 +236,8 @@ def bench_e2e_cmd(
         list[str] | None,
         typer.Option(help="NAME=K: rescore that low-rank drafter's top-K logits exactly (repeatable)"),
     ] = None,
-    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = default(BenchE2EConfig, "dtype"),
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default(BenchE2EConfig, "dtype"),
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default(BenchE2EConfig, "device"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
@@ -248,6 +253,7 @@ def bench_e2e_cmd(
         max_prompts=max_prompts,
         reference=reference,
         dtype=dtype,
+        device=device,
         force=force,
     )
     result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))

@@ -48,6 +48,8 @@ SelfDistill = Annotated[
     bool, typer.Option("--self-distill", help="let the target answer prompt-only records")
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the report as JSON")]
+Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")]
+Dtype = Annotated[str, typer.Option(help="target dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")]
 
 
 def _echo(result, json_out: bool) -> None:
@@ -80,6 +82,8 @@ def finetune(
     save_every: SaveEvery = _F.save_every,
     warmup_steps: Warmup = _F.warmup_steps,
     seed: Seed = _F.seed,
+    device: Device = _F.device,
+    dtype: Dtype = _F.dtype,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -102,6 +106,8 @@ def finetune(
         save_every=save_every,
         warmup_steps=warmup_steps,
         seed=seed,
+        device=device,
+        dtype=dtype,
     )
     result = run_finetune(
         target,
@@ -141,6 +147,8 @@ def train_drafter(
     save_every: SaveEvery = _T.save_every,
     warmup_steps: Warmup = _T.warmup_steps,
     seed: Seed = _T.seed,
+    device: Device = _T.device,
+    dtype: Dtype = _T.dtype,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -162,6 +170,8 @@ def train_drafter(
         save_every=save_every,
         warmup_steps=warmup_steps,
         seed=seed,
+        device=device,
+        dtype=dtype,
     )
     result = run_train_drafter(
         target,

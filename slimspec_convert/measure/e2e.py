@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.results import GenerationResult
-from slimspec_convert.dtypes import check_dtype_name
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
@@ -51,6 +51,8 @@ class BenchE2EConfig:
     ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
     drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
     drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
+    ``device`` and ``dtype`` place the target and every drafter (``auto``: cuda when available,
+    bfloat16 there, float32 on the CPU).
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -59,7 +61,8 @@ class BenchE2EConfig:
     batch_size: int = 1
     draft_method: str = "tree"
     max_prompts: int = DEFAULT_E2E_MAX_PROMPTS
-    dtype: str = "float32"
+    dtype: str = AUTO_DTYPE
+    device: str = "auto"
     reference: str | None = None
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
@@ -88,7 +91,8 @@ class BenchE2EConfig:
         if self.warmup_tokens < 0:
             raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
         DraftConfig(method=self.draft_method)  # validates the method name
-        check_dtype_name("BenchE2EConfig", self.dtype)
+        check_run_dtype("BenchE2EConfig", self.dtype)
+        check_device_name("BenchE2EConfig", self.device)
 
 
 def head_kind(drafter: Eagle3Drafter | None) -> str:

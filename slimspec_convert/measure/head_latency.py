@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from slimspec_convert.devices import check_device_name, resolve_device
 from slimspec_convert.dtypes import DTYPES, check_dtype_name, torch_dtype
-from slimspec_convert.measure.timing import resolve_device, time_interleaved
+from slimspec_convert.measure.timing import time_interleaved
 from slimspec_convert.model.head import LowRankHead
 
 # ---- benchmarks, trimming, rank sweep (issue 5) ------------------------------------------------
@@ -86,8 +87,7 @@ class BenchHeadConfig:
             )
         if self.budget_s <= 0:
             raise ValueError(f"BenchHeadConfig.budget_s={self.budget_s}: expected > 0")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"BenchHeadConfig.device={self.device!r}: expected auto, cpu or cuda")
+        check_device_name("BenchHeadConfig", self.device)
 
 
 def resolve_ranks(ranks: Sequence[int | str], hidden_size: int) -> tuple[int, ...]:

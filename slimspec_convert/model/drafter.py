@@ -302,7 +302,7 @@ def with_head(drafter: Eagle3Drafter, head: nn.Module) -> Eagle3Drafter:
         head: the new head, mapping [..., d] to [..., V_d] with the same V_d.
 
     Returns:
-        A new drafter in the source's dtype, eval mode.
+        A new drafter on the source's device, in its dtype, eval mode.
 
     Raises:
         RuntimeError: the head's shapes do not fit the drafter (strict load).
@@ -311,5 +311,5 @@ def with_head(drafter: Eagle3Drafter, head: nn.Module) -> Eagle3Drafter:
     state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("lm_head.")}
     state.update({f"lm_head.{k}": v for k, v in head.state_dict().items()})
     new.load_state_dict(state, strict=True)
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
-    return new.to(dtype).eval()
+    ref = next(p for p in drafter.parameters() if p.is_floating_point())
+    return new.to(device=ref.device, dtype=ref.dtype).eval()

@@ -10,7 +10,6 @@ from slimspec_convert.checkpoint.folders import read_config
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
 from slimspec_convert.decoding.prompts import load_prompts
-from slimspec_convert.dtypes import torch_dtype
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
@@ -114,9 +113,11 @@ def bench_e2e(
     if not cfg.force and any((out / n).exists() for n in (E2E_JSON, E2E_MD, E2E_PNG)):
         raise FileExistsError(f"{out}: holds e2e results; pass --force to overwrite")
     prompts = [turns[0] for turns in load_prompts(prompts_path)][: cfg.max_prompts]
-    dtype = torch_dtype(cfg.dtype)
-    model, tokenizer = load_target(target, dtype)
-    drafters = {n: load_drafter_with_target_embeddings(p, model).to(dtype).eval() for n, p in cfg.drafters}
+    model, tokenizer = load_target(target, cfg.dtype, cfg.device)
+    drafters = {
+        n: load_drafter_with_target_embeddings(p, model).to(device=model.device, dtype=model.dtype).eval()
+        for n, p in cfg.drafters
+    }
     for name, k in cfg.rerank:
         try:
             drafters[name].enable_rerank(k)

@@ -312,3 +312,14 @@ def test_load_prompts_mt_bench_turns_and_prompt_lines(tmp_path):
         load_prompts(f)
     f.write_text(json.dumps({"prompt": "hi"}) + "\n")
     assert load_prompts(f) == [("hi",)]
+
+
+def test_a_drafter_on_another_device_than_the_target_is_refused():
+    """One device for both models: a drafter left on another device fails at construction, naming both."""
+    drafter = tiny_drafter(**HEADS["dense"]).to("meta")  # "meta": another device without a GPU
+    with pytest.raises(
+        ValueError, match=r"the drafter is on meta but the target on cpu; move both to one device"
+    ):
+        SpeculativeGenerator(
+            tiny_target(vocab_size=V), None, drafter, CHAIN, SamplingConfig(max_new_tokens=4)
+        )

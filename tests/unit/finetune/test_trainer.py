@@ -246,3 +246,12 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     )
     losses = [tr.train_step()[0] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]  # KL(original head || low-rank head) on the drafter's features
+
+
+def test_trainer_refuses_a_drafter_and_target_on_different_devices(tmp_path):
+    examples, pad = _examples(4)
+    drafter = tiny_drafter(seed=1).to("meta")  # "meta": another device without a GPU
+    with pytest.raises(
+        ValueError, match="the drafter is on meta but the target on cpu; put both on one device"
+    ):
+        Trainer(drafter, tiny_target(), AUX, examples, examples, FinetuneConfig(steps=1), tmp_path, pad)
