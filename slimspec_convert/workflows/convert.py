@@ -38,7 +38,7 @@ from slimspec_convert.checkpoint.save import hf_config_dict
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, write_safetensors
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.dtypes import DTYPES
-from slimspec_convert.lowrank.blocks import NonFiniteError
+from slimspec_convert.lowrank.blocks import NonFiniteError, same_rows
 from slimspec_convert.lowrank.calibrated import (
     DEFAULT_CALIBRATION_DAMP,
     HeadCalibration,
@@ -161,6 +161,8 @@ class ConvertReport:
         head_vs_target: cosine / norm statistics of the drafter's rows against the target rows of
             the same tokens (only with a target; P20: speculators heads are target rows).
         notes: anything else worth knowing.
+        head_is_embedding: the factorised head equals the embedding table row for row (a tied
+            head; the shortlist rerank needs it); None when no embedding was at hand.
         warnings: what the user should act on (the CLI prints each on stderr): an uncalibrated
             result, which accepts almost nothing before calibration or fine-tuning.
     """
@@ -188,6 +190,7 @@ class ConvertReport:
     head_vs_target: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    head_is_embedding: bool | None = None
     warnings: list[str] = field(default_factory=list)
     version: str = __version__
 
@@ -237,6 +240,14 @@ class ConvertReport:
             ("dtype source / factors", f"{self.source_dtype} / {self.factor_dtype}"),
             ("full_vocab", f"{self.full_vocab} (+{self.target_rows_added} target rows)"),
             ("d2t / t2d", self.vocab_maps),
+            (
+                "head is embedding",
+                {
+                    True: "yes (--rerank serves it)",
+                    False: "no (--rerank refused)",
+                    None: "unknown (no --target)",
+                }[self.head_is_embedding],
+            ),
             ("seconds", f"{self.seconds:.2f}"),
         ]
         rows += [
@@ -371,7 +382,9 @@ def convert(
         raise CheckpointError(
             f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
         ) from e
-    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]))
+    embed = res.tensors[EMBED_KEY].view() if EMBED_KEY in res.tensors else tgt.embed() if tgt else None
+    is_embedding = same_rows(W, embed) if embed is not None else None  # the rerank's precondition
+    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]), head_is_embedding=is_embedding)
     items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
     maps = (
         "dropped: full vocabulary"
@@ -414,6 +427,7 @@ def convert(
         if calibration is not None
         else {},
         notes=notes + res.report.warnings,
+        head_is_embedding=is_embedding,
         warnings=[] if calibration is not None else [_uncalibrated_warning(src, out, r, cfg)],
     )
     _write_output(out, cfg.force, items, new_cfg, res, report, t0)
@@ -500,6 +514,7 @@ def _write_output(
             "svd_method": report.svd_method,
             "full_vocab": report.full_vocab,
             "calibrated": bool(report.calibration),
+            "head_is_embedding": report.head_is_embedding,
             "load_report": {k: v for k, v in res.report.to_dict().items() if k != "config"},
         }
         atomic_write_json(tmp / CONFIG_NAME, config)

@@ -19,9 +19,9 @@ from tests.helpers.models import tiny_drafter, tiny_target
 from tests.helpers.wordlevel import save_tiny_target_folder
 
 
-def _lowrank_copy(drafter: Eagle3Drafter, rank: int) -> Eagle3Drafter:
+def _lowrank_copy(drafter: Eagle3Drafter, rank: int, head_is_embedding: bool | None = None) -> Eagle3Drafter:
     fac = lowrank_factorize(drafter.lm_head.weight.detach(), rank)
-    low = Eagle3Drafter(drafter.config.replace(head_rank=rank))
+    low = Eagle3Drafter(drafter.config.replace(head_rank=rank, head_is_embedding=head_is_embedding))
     state = {k: v for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
     state.update({"lm_head.up.weight": fac.W_up, "lm_head.down.weight": fac.W_down})
     low.load_state_dict(state, strict=True)
@@ -45,6 +45,12 @@ def test_cli_bench_e2e(tmp_path):
     save_drafter(full, paths["full"], include_embeddings=True)
     save_drafter(_lowrank_copy(full, 8), paths["low"], include_embeddings=True)
     save_drafter(trim_drafter(full, torch.arange(128), 64), paths["trim"], include_embeddings=True)
+    tied = tiny_drafter(seed=1)  # its lm_head is its embedding table: what the rerank's rows assume
+    with torch.no_grad():
+        tied.lm_head.weight.copy_(tied.embed_tokens.weight)
+    save_drafter(
+        _lowrank_copy(tied, 8, head_is_embedding=True), tmp_path / "tied-low", include_embeddings=True
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a b c"}\n{"turns": ["d e f a", "ignored second turn"]}\n')
     args = [
@@ -64,7 +70,9 @@ def test_cli_bench_e2e(tmp_path):
     ]
     for name, path in paths.items():
         args += ["--drafter", f"{name}={path}"]
-    res = CliRunner().invoke(app, args + ["--drafter", f"lowrr={paths['low']}", "--rerank", "lowrr=16"])
+    res = CliRunner().invoke(
+        app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16"]
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     rows = {r["name"]: r for r in summary["rows"]}
@@ -105,3 +113,5 @@ def test_cli_bench_e2e(tmp_path):
     assert bad.exit_code == 2 and "--rerank 'low=many': expected NAME=K with an integer K" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "full=4"])
     assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "low=4"])  # a random head, not the embedding
+    assert bad.exit_code == 2 and "--rerank low=4" in bad.output and "head_is_embedding unset" in bad.output

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from slimspec_convert.checkpoint.load import load_drafter, load_native
+from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.checkpoint.weightfiles import CheckpointError
 from slimspec_convert.cli.app import app
 from slimspec_convert.model.vocab import draft_to_target_ids, scatter_to_target_vocab
@@ -258,3 +259,45 @@ def test_cli_bad_checkpoint_exit_2(source, tmp_path):
         assert result.exit_code == 2
         assert "config.json: missing field 'num_attention_heads'" in result.output
     _nothing_written(tmp_path)
+
+
+# ---- the rerank's precondition: was the dense head the embedding? ---------------------------------
+
+
+def _tied(target_model, tie: bool = True):
+    """An untrimmed drafter whose embedding is the target's and whose head is that table (or random)."""
+    drafter = tiny_drafter(seed=5)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
+        if tie:
+            drafter.lm_head.weight.copy_(drafter.embed_tokens.weight)
+    return drafter
+
+
+def test_convert_records_whether_the_head_was_the_embedding_and_rerank_follows_it(target, tmp_path):
+    model, tpath = target
+    tied = write_layout(_tied(model), "specforge", tmp_path / "tied", with_embed=True)
+    rep = convert(tied, tmp_path / "tied-r4", ConvertConfig(rank=4))
+    assert rep.head_is_embedding is True and "yes (--rerank serves it)" in rep.summary()
+    config = json.loads((tmp_path / "tied-r4" / "config.json").read_text())["slimspec"]
+    assert config["drafter_config"]["head_is_embedding"] is True and config["conversion"]["head_is_embedding"]
+    low, _ = load_drafter(tmp_path / "tied-r4")
+    low.eval().enable_rerank(128)  # k = V: every row rescored exactly, so the dense tied head comes back
+    h = torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(low.lm_head(h), h @ model.get_input_embeddings().weight.T, atol=1e-5)
+    save_drafter(low, tmp_path / "tuned")  # what finetune writes: the record travels with the config
+    assert load_drafter(tmp_path / "tuned", tpath)[0].config.head_is_embedding is True
+
+    untied = write_layout(_tied(model, tie=False), "specforge", tmp_path / "untied", with_embed=True)
+    assert convert(untied, tmp_path / "untied-r4", ConvertConfig(rank=4)).head_is_embedding is False
+    with pytest.raises(ValueError, match=r"not the embedding table \(head_is_embedding = false"):
+        load_drafter(tmp_path / "untied-r4")[0].enable_rerank(8)
+
+    no_embed = write_layout(_tied(model), "specforge", tmp_path / "no-embed")  # embed_tokens not in the file
+    rep = convert(no_embed, tmp_path / "unknown", ConvertConfig(rank=4))
+    assert rep.head_is_embedding is None and "unknown (no --target)" in rep.summary()
+    with pytest.raises(ValueError, match=r"head_is_embedding unset.*slimspec convert SRC OUT --target T"):
+        load_drafter(tmp_path / "unknown", tpath)[0].enable_rerank(8)
+    with_target = ConvertConfig(rank=4, target=str(tpath), calibrate=False)  # the target lends its embedding
+    assert convert(no_embed, tmp_path / "known", with_target).head_is_embedding is True
