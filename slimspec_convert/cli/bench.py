@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +11,7 @@ import typer
 from slimspec_convert.cli.app import apply_threads, bench_app, command, csv_ints, csv_items, default
 from slimspec_convert.measure.e2e import BenchE2EConfig
 from slimspec_convert.measure.head_latency import BenchHeadConfig, HeadBenchRow, bench_head
+from slimspec_convert.measure.machine import MachineState
 from slimspec_convert.measure.tables import e2e_markdown, fmt_number
 from slimspec_convert.workflows.bench import bench_e2e, head_shapes
 from slimspec_convert.workflows.rank_sweep import RankSweepConfig, rank_sweep, sweep_markdown
@@ -62,15 +62,23 @@ def bench_head_cmd(
         device=device,
     )
     rows = bench_head(cfg, progress=lambda line: typer.echo(line, err=True))
-    load_1m = os.getloadavg()[0]
+    _warn_busy([r.machine for r in rows])
     if json_out:
-        typer.echo(json.dumps([{**r.to_dict(), "load_1m": load_1m} for r in rows], indent=2))
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     _print_head_rows(rows)
+    load = rows[-1].machine.load_1m if rows[-1].machine else None
     typer.echo(
         f"ideal = d V / (r (d + V)) (FLOPs and weight bytes); module/bare = LowRankHead / two bare matmuls; "
-        f"1-min load average {load_1m:.2f}"
+        f"1-min load average {fmt_number(load, 2)}"
     )
+
+
+def _warn_busy(states: list[MachineState | None]) -> None:
+    """One stderr line per distinct reason the machine counted as busy during a benchmark."""
+    reasons = dict.fromkeys(s.reason for s in states if s is not None and s.busy)
+    for reason in reasons:
+        typer.echo(f"warning: busy machine ({reason}): timings are noisy; rerun on a quiet machine", err=True)
 
 
 def _print_head_rows(rows: list[HeadBenchRow]) -> None:
@@ -257,6 +265,7 @@ def bench_e2e_cmd(
         force=force,
     )
     result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
+    _warn_busy([result.machine])
     if json_out:
         typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
     else:

@@ -28,6 +28,7 @@ from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.version import __version__
@@ -148,6 +149,7 @@ class E2EResult:
     num_prompts: int
     config: dict
     per_prompt: dict[str, list[dict]]
+    machine: MachineState | None = None  # the larger 1-min load of the readings before and after
 
     def to_dict(self) -> dict:
         """JSON-ready dict with the package version."""
@@ -199,7 +201,8 @@ def run_e2e(
         progress: called with a short line per batch.
 
     Returns:
-        :class:`E2EResult` (plain decoding first).
+        :class:`E2EResult` (plain decoding first), with the machine's state (busy when the 1-min
+        load average before or after the run exceeds the core count).
 
     Raises:
         ValueError: a drafter that does not fit the target, or no prompts.
@@ -215,6 +218,7 @@ def run_e2e(
             target_model, tokenizer, drafter, draft, sampling, batch_size=cfg.batch_size
         )
 
+    load_before = read_load_1m()
     gens = {n: generator(d, cfg.max_new_tokens) for n, d in configs.items()}
     if cfg.warmup_tokens:
         for d in configs.values():
@@ -232,7 +236,8 @@ def run_e2e(
             res = gens[name].generate(batch)
             totals[name].add(res, (time.perf_counter() - t0) * 1e3)
             outputs[name].extend(res)
-    return _summarise(configs, totals, outputs, cfg)
+    loads = [x for x in (load_before, read_load_1m()) if x is not None]
+    return _summarise(configs, totals, outputs, cfg, machine_state(load_1m=max(loads) if loads else None))
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
@@ -241,7 +246,9 @@ def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig)
     return next((n for n, d in configs.items() if head_kind(d) == "full"), None)
 
 
-def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig) -> E2EResult:
+def _summarise(
+    configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig, machine: MachineState | None = None
+) -> E2EResult:
     plain = outputs[E2E_PLAIN_NAME]
     tps = {n: t.new_tokens / (t.wall_ms / 1e3) for n, t in totals.items()}
     ref = _reference(configs, cfg)
@@ -289,7 +296,7 @@ def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig
         n: [{"output_ids": o.output_ids, **asdict(o.stats)} for o in outs] for n, outs in outputs.items()
     }
     config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method))}
-    return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt)
+    return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt, machine)
 
 
 def _per(total: float, rounds: int) -> float | None:

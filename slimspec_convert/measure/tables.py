@@ -46,4 +46,10 @@ def e2e_markdown(result: E2EResult) -> str:
             f"Reference (full head): {result.reference}; kappa = {result.kappa:.4f} "
             f"(head ms / all other ms, whole run); ceiling 1 + kappa = {1 + result.kappa:.4f}.",
         ]
+    m = result.machine
+    if m is not None:
+        lines.append(
+            f"Machine: 1-min load average {fmt_number(m.load_1m, 2)} on {m.cpu_count} cores"
+            + (f"; BUSY ({m.reason}): timings are noisy." if m.busy else ".")
+        )
     return "\n".join(lines) + "\n"

@@ -8,6 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import slimspec_convert.measure.e2e as e2e
+import slimspec_convert.measure.machine as machine
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.cli.app import app
 from slimspec_convert.lowrank.costmodel import predicted_speedup
@@ -38,7 +40,7 @@ def test_head_kind():
     assert head_kind(tiny_drafter(draft_vocab_size=64)) == "trimmed"
 
 
-def test_cli_bench_e2e(tmp_path):
+def test_cli_bench_e2e(tmp_path, monkeypatch):
     target = save_tiny_target_folder(tmp_path / "target", tiny_target(), ["a", "b", "c", "d", "e", "f"])
     full = tiny_drafter()
     paths = {"full": tmp_path / "full", "low": tmp_path / "low", "trim": tmp_path / "trim"}
@@ -70,6 +72,8 @@ def test_cli_bench_e2e(tmp_path):
     ]
     for name, path in paths.items():
         args += ["--drafter", f"{name}={path}"]
+    monkeypatch.setattr(e2e, "read_load_1m", lambda: 1000.0)  # a machine far busier than its cores
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
     res = CliRunner().invoke(
         app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16"]
     )
@@ -103,8 +107,17 @@ def test_cli_bench_e2e(tmp_path):
     )
     assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
     assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert summary["machine"] == {
+        "load_1m": 1000.0,
+        "cpu_count": 2,
+        "timing_spread": None,
+        "busy": True,
+        "reason": "1-min load average 1000.00 > 2 cores",
+    }
+    assert "warning: busy machine (1-min load average 1000.00 > 2 cores): timings are noisy" in res.stderr
     md = (tmp_path / "out" / "e2e.md").read_text()
     assert "| low | lowrank r=8 V_d=128 |" in md and "| lowrr | lowrank r=8 +rerank k=16 V_d=128 |" in md
+    assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
