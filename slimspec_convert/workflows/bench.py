@@ -73,7 +73,10 @@ def head_shapes(
 
 
 def write_e2e(result: E2EResult, out_dir: Path, force: bool = False) -> list[Path]:
-    """Write e2e.json, e2e.md and e2e_speedup.png (predicted vs measured rho_TPS) into ``out_dir``.
+    """Write e2e.json, e2e.md and e2e_speedup.png into ``out_dir``.
+
+    The plot has tokens/s relative to plain decoding for every row (plain = 1.0) beside predicted
+    vs measured rho_TPS (relative to the full-head drafter) for the drafters the cost model covers.
 
     Raises:
         FileExistsError: an output exists and force is off.
@@ -90,6 +93,8 @@ def write_e2e(result: E2EResult, out_dir: Path, force: bool = False) -> list[Pat
         [r.predicted_rho_tps for r in rows],
         [r.measured_rho_tps for r in rows],
         paths[2],
+        speedup_names=[r.name for r in result.rows],  # plain decoding first, at 1.0
+        speedup_vs_plain=[r.speedup for r in result.rows],
     )
     return paths
 

@@ -10,11 +10,13 @@ from typer.testing import CliRunner
 
 import slimspec_convert.measure.e2e as e2e
 import slimspec_convert.measure.machine as machine
+import slimspec_convert.workflows.bench as bench_workflow
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.cli.app import app
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.lowrank.svd import lowrank_factorize
 from slimspec_convert.measure.e2e import head_kind
+from slimspec_convert.measure.plots import plot_predicted_vs_measured
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.workflows.trim import trim_drafter
 from tests.helpers.models import tiny_drafter, tiny_target
@@ -74,6 +76,13 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
         args += ["--drafter", f"{name}={path}"]
     monkeypatch.setattr(e2e, "read_load_1m", lambda: 1000.0)  # a machine far busier than its cores
     monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    plotted = {}
+
+    def plot(*a, **kw):
+        plotted.update(kw, names=a[0])
+        return plot_predicted_vs_measured(*a, **kw)
+
+    monkeypatch.setattr(bench_workflow, "plot_predicted_vs_measured", plot)
     res = CliRunner().invoke(
         app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16"]
     )
@@ -107,6 +116,10 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     )
     assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
     assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    # the plot shows every row against plain decoding (plain = 1.0), beside the cost-model panel
+    assert plotted["speedup_names"] == ["none", "full", "low", "trim", "lowrr"]
+    assert plotted["speedup_vs_plain"] == [rows[n]["speedup"] for n in plotted["speedup_names"]]
+    assert plotted["speedup_vs_plain"][0] == 1.0 and plotted["names"] == ["full", "low", "trim", "lowrr"]
     assert summary["machine"] == {
         "load_1m": 1000.0,
         "cpu_count": 2,
@@ -128,3 +141,30 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "low=4"])  # a random head, not the embedding
     assert bad.exit_code == 2 and "--rerank low=4" in bad.output and "head_is_embedding unset" in bad.output
+
+
+def test_e2e_plot_draws_speed_relative_to_plain_decoding_for_every_row(tmp_path, monkeypatch):
+    """Bar heights of both panels, read back from the figure (main job numbers, README table)."""
+    import slimspec_convert.measure.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: figures.append(fig) or path)
+    names = ["none", "full", "trim16k", "slimspec", "slimspec-rerank"]
+    speedups = [1.0, 0.429, 0.557, 0.569, 0.621]
+    plot_predicted_vs_measured(
+        names[1:],
+        [1.0, 1.284, 1.276, 1.382],
+        [1.0, 1.299, 1.325, 1.446],
+        tmp_path / "p.png",
+        speedup_names=names,
+        speedup_vs_plain=speedups,
+    )
+    left, right = figures[0].axes
+    assert [b.get_height() for b in left.patches] == speedups
+    assert [t.get_text() for t in left.get_xticklabels()] == names
+    assert left.get_ylabel() == "tokens/s relative to plain decoding"
+    assert [b.get_height() for b in right.patches] == [1.0, 1.284, 1.276, 1.382, 1.0, 1.299, 1.325, 1.446]
+    with pytest.raises(ValueError, match="speedup_names has 2 entries, speedup_vs_plain 1"):
+        plot_predicted_vs_measured(
+            [], [], [], tmp_path / "q.png", speedup_names=["a", "b"], speedup_vs_plain=[1.0]
+        )
