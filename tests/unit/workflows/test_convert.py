@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from slimspec_convert.atomic import staged_folder
 from slimspec_convert.checkpoint.load import load_drafter, load_native
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.checkpoint.weightfiles import CheckpointError
@@ -301,3 +302,29 @@ def test_convert_records_whether_the_head_was_the_embedding_and_rerank_follows_i
         load_drafter(tmp_path / "unknown", tpath)[0].enable_rerank(8)
     with_target = ConvertConfig(rank=4, target=str(tpath), calibrate=False)  # the target lends its embedding
     assert convert(no_embed, tmp_path / "known", with_target).head_is_embedding is True
+
+
+# ---- output modes follow the umask, as cp and save_pretrained ---------------------------------------
+
+
+@pytest.mark.parametrize("umask,dir_mode,file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_outputs_follow_the_umask(source, tmp_path, umask, dir_mode, file_mode):
+    """mkstemp/mkdtemp alone would give 0600/0700 whatever the umask; atomic.py widens them."""
+    import os
+    import stat
+
+    drafter, src = source
+    old = os.umask(umask)
+    try:
+        convert(src, tmp_path / "out", ConvertConfig(rank=4))
+        save_drafter(drafter, tmp_path / "saved")  # finetune / trim write through this
+        with staged_folder(
+            tmp_path / "cached"
+        ) as build:  # fetch-smollm2: save_pretrained writes 0600 weights
+            tiny_target().save_pretrained(build)
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "out", tmp_path / "saved", tmp_path / "cached"):
+        assert stat.S_IMODE(folder.stat().st_mode) == dir_mode, folder
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+        assert modes and set(modes.values()) == {file_mode}, modes
