@@ -237,7 +237,10 @@ def run_e2e(
             totals[name].add(res, (time.perf_counter() - t0) * 1e3)
             outputs[name].extend(res)
     loads = [x for x in (load_before, read_load_1m()) if x is not None]
-    return _summarise(configs, totals, outputs, cfg, machine_state(load_1m=max(loads) if loads else None))
+    p = next(target_model.parameters())
+    run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
+    machine = machine_state(load_1m=max(loads) if loads else None)
+    return _summarise(configs, totals, outputs, cfg, machine, run_on)
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
@@ -247,7 +250,12 @@ def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig)
 
 
 def _summarise(
-    configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig, machine: MachineState | None = None
+    configs,
+    totals: dict[str, _Totals],
+    outputs,
+    cfg: BenchE2EConfig,
+    machine: MachineState | None = None,
+    run_on: dict[str, str] | None = None,
 ) -> E2EResult:
     plain = outputs[E2E_PLAIN_NAME]
     tps = {n: t.new_tokens / (t.wall_ms / 1e3) for n, t in totals.items()}
@@ -295,7 +303,7 @@ def _summarise(
     per_prompt = {
         n: [{"output_ids": o.output_ids, **asdict(o.stats)} for o in outs] for n, outs in outputs.items()
     }
-    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method))}
+    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method)), "run_on": run_on}
     return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt, machine)
 
 

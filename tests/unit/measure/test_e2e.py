@@ -94,6 +94,10 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert (rows["low"]["rerank_k"], rows["lowrr"]["rerank_k"]) == (0, 16)
     assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
     assert summary["reference"] == "full" and summary["num_prompts"] == 2
+    assert summary["config"]["run_on"] == {
+        "device": "cpu",
+        "dtype": "float32",
+    }  # --dtype/--device auto on a CPU
     # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
     assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
@@ -130,6 +134,9 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert "warning: busy machine (1-min load average 1000.00 > 2 cores): timings are noisy" in res.stderr
     md = (tmp_path / "out" / "e2e.md").read_text()
     assert "| low | lowrank r=8 V_d=128 |" in md and "| lowrr | lowrank r=8 +rerank k=16 V_d=128 |" in md
+    assert (
+        "batch 1, draft {'method': 'chain', 'depth': 5, 'top_k': 4, 'total_tokens': 16}, cpu float32." in md
+    )
     assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
