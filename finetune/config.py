@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
+
 TRAIN_CHOICES = ("head", "head+lora", "all", "body")
 TEACHER_CHOICES = ("target", "drafter")
 DATA_SOURCES = ("target", "human")  # train on the target's own answers (on-policy) or on the files' answers
@@ -26,7 +28,9 @@ class FinetuneConfig:
     embeddings: the drafter learns to use a frozen head, as speculators does since 2026-04).
     ``batch_size`` is the global batch per optimizer micro-step; with ``grad_accum`` G the
     optimizer sees ``batch_size * G`` sequences. In multi-process runs each rank takes an equal
-    slice of the global batch.
+    slice of the global batch. ``device`` places the target and the drafter; ``dtype`` is the
+    target's (the teacher); the drafter's trained parameters stay float32, under bf16 autocast on
+    CUDA (``bf16_autocast``).
     """
 
     steps: int = 200
@@ -56,6 +60,8 @@ class FinetuneConfig:
     metric_new_tokens: int = 64  # answer length of the metric's held-out prompts
     measure_prompts: int = 4  # held-out prompts decoded for the final measured tau (0 = skip)
     distill_new_tokens: int = 256  # answer length cap of the distilled training data
+    device: str = "auto"  # cuda when available, else cpu (target and drafter)
+    dtype: str = AUTO_DTYPE  # the target's dtype: bfloat16 on CUDA, float32 on the CPU
 
     def __post_init__(self) -> None:
         if self.train not in TRAIN_CHOICES:
@@ -102,6 +108,8 @@ class FinetuneConfig:
                 f"FinetuneConfig.measure_prompts={self.measure_prompts}: expected 0 <= N <= "
                 f"metric_prompts={self.metric_prompts} (they are the first held-out prompts)"
             )
+        check_device_name("FinetuneConfig", self.device)
+        check_run_dtype("FinetuneConfig", self.dtype)
         if not 0 < self.max_eval_fraction < 1:
             raise ValueError(f"FinetuneConfig.max_eval_fraction={self.max_eval_fraction}: expected in (0, 1)")
 

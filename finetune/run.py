@@ -78,11 +78,11 @@ def train_drafter(
     cfg = cfg if cfg is not None else FinetuneConfig.for_new_drafter()
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target)
+    model, tok = load_target(target, cfg.dtype, cfg.device)
     aux = default_aux_boundaries(num_target_layers(model))  # what new_drafter_for_target reads
     runs = _data(model, tok, aux, data, out, cfg, eval_data, self_distill)
     counts = token_counts(runs.train, int(model.config.vocab_size)) if draft_vocab_size else None
-    drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed)
+    drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed).to(model.device)
     meta = _meta("train-drafter", str(target), data, cfg, runs.stats)
     return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
 
@@ -128,9 +128,9 @@ def finetune(
     out = Path(out)
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target)
+    model, tok = load_target(target, cfg.dtype, cfg.device)
     drafter, _ = load_drafter(drafter_path, target=model)
-    drafter = drafter.float()
+    drafter = drafter.float().to(model.device)  # trained parameters stay float32 (autocast on CUDA)
     teacher_head = None
     if cfg.teacher == "drafter":
         if teacher_drafter is None:
@@ -138,7 +138,7 @@ def finetune(
                 "--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)"
             )
         teacher, _ = load_drafter(teacher_drafter, target=model)
-        teacher_head = copy_head(teacher.float())
+        teacher_head = copy_head(teacher.float().to(model.device))
     runs = _data(
         model, tok, resolve_aux_layers(drafter.config, model), data, out, cfg, eval_data, self_distill
     )

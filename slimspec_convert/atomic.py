@@ -57,6 +57,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         _honour_umask(Path(tmp), directory=False)
         yield Path(tmp)
+        _honour_umask(Path(tmp), directory=False)  # again: a writer may have recreated it (safetensors: 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -204,7 +205,8 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
         force: replace an existing ``out`` (else :class:`FileExistsError`, checked before and after).
 
     Yields:
-        The build folder (``.OUT.tmp-<pid>-<random>``, mode 0777 & ~umask).
+        The build folder (``.OUT.tmp-<pid>-<random>``, mode 0777 & ~umask); before it is put in
+        place, every file in it gets 0666 & ~umask and every folder 0777 & ~umask.
 
     Raises:
         FileExistsError: ``out`` exists and ``force`` is off.
@@ -216,6 +218,8 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
     try:
         _honour_umask(tmp, directory=True)
         yield tmp
+        for p in tmp.rglob("*"):  # writers inside may not honour it (safetensors' save_file: 0600)
+            _honour_umask(p, directory=p.is_dir())
         if not out.exists():
             os.replace(tmp, out)
             return

@@ -199,7 +199,13 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] = {"score": -1.0}
         self.before: dict[str, Any] = {}
-        self.autocast = cfg.bf16_autocast and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        self.device = next(drafter.parameters()).device
+        target_device = next(target_model.parameters()).device
+        if target_device != self.device:
+            raise ValueError(
+                f"the drafter is on {self.device} but the target on {target_device}; put both on one device"
+            )
+        self.autocast = cfg.bf16_autocast and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
 
     # ---- one micro-batch -------------------------------------------------------------------
     def _target(self, batch: dict[str, Tensor]):
@@ -231,8 +237,8 @@ class Trainer:
     def _loss(self, batch: dict[str, Tensor], global_counts: Tensor) -> tuple[Tensor, Tensor]:
         """Weighted sum over TTT steps of the masked-mean KL; returns (loss, per-step KL sums)."""
         out = self._target(batch)
-        total = torch.zeros((), dtype=torch.float32)
-        kl_sums = torch.zeros(self.cfg.ttt_steps)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        kl_sums = torch.zeros(self.cfg.ttt_steps, device=self.device)
         ids = None if self.cfg.teacher == "drafter" else self.draft_ids
         for st in ttt_unroll(
             self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
@@ -252,7 +258,10 @@ class Trainer:
         idx = batch_indices(len(self.train_examples), self.cfg.batch_size, global_step, self.cfg.seed)
         per = self.cfg.batch_size // self.world
         mine = idx[self.rank * per : (self.rank + 1) * per]
-        return collate([self.train_examples[i] for i in mine], self.pad_id)
+        return self._to_device(collate([self.train_examples[i] for i in mine], self.pad_id))
+
+    def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step (grad_accum micro-batches). Returns (mean KL of step 0, tokens seen).
@@ -262,9 +271,9 @@ class Trainer:
         """
         self.drafter.train()
         self.opt.zero_grad(set_to_none=True)
-        kl_sum = torch.zeros(self.cfg.ttt_steps)
-        count_sum = torch.zeros(self.cfg.ttt_steps)
-        tokens = 0
+        kl_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
+        count_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
+        tokens = torch.zeros((), dtype=torch.int64, device=self.device)  # summed on the device: no sync
         for micro in range(self.cfg.grad_accum):
             batch = self._local_batch(self.step, micro)
             counts = _all_reduce(self._valid_counts(batch))
@@ -273,13 +282,13 @@ class Trainer:
             (loss / self.cfg.grad_accum).backward()
             kl_sum += kl_sums
             count_sum += counts
-            tokens += int(batch["attention_mask"].sum())
+            tokens += batch["attention_mask"].sum()
         if self.world > 1:
             for p in self.params:  # sum: each rank's loss was normalised by the global count
                 if p.grad is not None:
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             kl_sum = _all_reduce(kl_sum)
-            tokens = int(_all_reduce(torch.tensor(tokens)).item())
+            tokens = _all_reduce(tokens)
         if not bool(torch.isfinite(kl_sum).all()):  # before the update: the weights stay as they were
             raise ValueError(
                 f"finetune step {self.step + 1}: the KL per TTT step is {kl_sum.tolist()} (NaN/inf); the "
@@ -289,9 +298,9 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.step += 1
-        mean_kl = (kl_sum / count_sum.clamp_min(1)).tolist()
+        mean_kl = (kl_sum / count_sum.clamp_min(1)).tolist()  # the step's one host read
         self.losses.append(mean_kl[0])
-        return mean_kl[0], tokens
+        return mean_kl[0], int(tokens)
 
     # ---- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
@@ -302,15 +311,15 @@ class Trainer:
         of a chain of ``ttt_steps`` (the quantity the kept checkpoint maximises).
         """
         self.drafter.eval()
-        acc_sum = torch.zeros(self.cfg.ttt_steps)
-        top_sum = torch.zeros(self.cfg.ttt_steps)
-        kl_sum = torch.zeros(self.cfg.ttt_steps)
-        n_sum = torch.zeros(self.cfg.ttt_steps)
+        acc_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
+        top_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
+        kl_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
+        n_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
         n_eval = min(len(self.eval_examples), self.cfg.eval_batches * self.cfg.batch_size)
         per = max(1, self.cfg.batch_size // self.world)
         mine = list(range(n_eval))[self.rank :: self.world]
         for i in range(0, len(mine), per):
-            batch = collate([self.eval_examples[j] for j in mine[i : i + per]], self.pad_id)
+            batch = self._to_device(collate([self.eval_examples[j] for j in mine[i : i + per]], self.pad_id))
             out = self._target(batch)
             for st in ttt_unroll(
                 self.drafter,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,12 +11,15 @@ import typer
 from slimspec_convert.cli.app import apply_threads, bench_app, command, csv_ints, csv_items, default
 from slimspec_convert.measure.e2e import BenchE2EConfig
 from slimspec_convert.measure.head_latency import BenchHeadConfig, HeadBenchRow, bench_head
+from slimspec_convert.measure.machine import MachineState
 from slimspec_convert.measure.tables import e2e_markdown, fmt_number
 from slimspec_convert.workflows.bench import bench_e2e, head_shapes
 from slimspec_convert.workflows.rank_sweep import RankSweepConfig, rank_sweep, sweep_markdown
 from slimspec_convert.workflows.trim import TrimConfig, trim_checkpoint
 
 _HEAD, _SWEEP = BenchHeadConfig(), RankSweepConfig()
+_DTYPE_HELP = "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16 or fp16"
+_DEVICE_HELP = "auto (cuda when available), cpu, cuda or cuda:N"
 
 
 def _csv(values: tuple) -> str:
@@ -60,15 +62,23 @@ def bench_head_cmd(
         device=device,
     )
     rows = bench_head(cfg, progress=lambda line: typer.echo(line, err=True))
-    load_1m = os.getloadavg()[0]
+    _warn_busy([r.machine for r in rows])
     if json_out:
-        typer.echo(json.dumps([{**r.to_dict(), "load_1m": load_1m} for r in rows], indent=2))
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     _print_head_rows(rows)
+    load = rows[-1].machine.load_1m if rows[-1].machine else None
     typer.echo(
         f"ideal = d V / (r (d + V)) (FLOPs and weight bytes); module/bare = LowRankHead / two bare matmuls; "
-        f"1-min load average {load_1m:.2f}"
+        f"1-min load average {fmt_number(load, 2)}"
     )
+
+
+def _warn_busy(states: list[MachineState | None]) -> None:
+    """One stderr line per distinct reason the machine counted as busy during a benchmark."""
+    reasons = dict.fromkeys(s.reason for s in states if s is not None and s.busy)
+    for reason in reasons:
+        typer.echo(f"warning: busy machine ({reason}): timings are noisy; rerun on a quiet machine", err=True)
 
 
 def _print_head_rows(rows: list[HeadBenchRow]) -> None:
@@ -160,7 +170,8 @@ def rank_sweep_cmd(
     ] = _SWEEP.num_draft_tokens,
     max_examples: Annotated[int, typer.Option(help="held-out conversations used")] = _SWEEP.max_examples,
     max_length: Annotated[int, typer.Option(help="tokens per conversation")] = _SWEEP.max_length,
-    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = _SWEEP.dtype,
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = _SWEEP.dtype,
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = _SWEEP.device,
     repeats: Annotated[int, typer.Option(help="timed rounds per latency")] = _SWEEP.repeats,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     finetune_steps: Annotated[
@@ -181,6 +192,7 @@ def rank_sweep_cmd(
         max_examples=max_examples,
         max_length=max_length,
         dtype=dtype,
+        device=device,
         repeats=repeats,
         force=force,
         finetune_steps=finetune_steps,
@@ -232,7 +244,8 @@ def bench_e2e_cmd(
         list[str] | None,
         typer.Option(help="NAME=K: rescore that low-rank drafter's top-K logits exactly (repeatable)"),
     ] = None,
-    dtype: Annotated[str, typer.Option(help="fp32, bf16 or fp16")] = default(BenchE2EConfig, "dtype"),
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default(BenchE2EConfig, "dtype"),
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default(BenchE2EConfig, "device"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
@@ -248,9 +261,11 @@ def bench_e2e_cmd(
         max_prompts=max_prompts,
         reference=reference,
         dtype=dtype,
+        device=device,
         force=force,
     )
     result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
+    _warn_busy([result.machine])
     if json_out:
         typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
     else:

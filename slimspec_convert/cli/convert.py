@@ -57,11 +57,19 @@ def convert(
     norm_output_semantics: Annotated[
         str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
     ] = _D.norm_output_semantics,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibration/--no-calibration",
+            help="with --target: fit the factors to the drafter's real hidden states (minimise the "
+            "expected logit error); --no-calibration keeps the plain SVD",
+        ),
+    ] = _D.calibrate,
     calibration_data: Annotated[
         list[Path] | None,
         typer.Option(
-            help="training-format file(s): fit the factors to the drafter's real hidden states "
-            "(minimise the expected logit error; needs --target; repeatable)"
+            help="training-format file(s) for the calibration (repeatable; needs --target; default: "
+            "64 conversations of data/train GSM8K + GPTeacher codegen)"
         ),
     ] = None,
     calibration_samples: Annotated[
@@ -70,14 +78,22 @@ def convert(
     calibration_damp: Annotated[
         float, typer.Option(help="damping of the calibration moment, relative to its mean eigenvalue")
     ] = _D.calibration_damp,
+    device: Annotated[
+        str, typer.Option(help="calibration pass: auto (cuda when available), cpu, cuda or cuda:N")
+    ] = _D.device,
+    calibration_dtype: Annotated[
+        str, typer.Option(help="target dtype in the calibration pass: auto (bf16 on CUDA, fp32 on CPU)")
+    ] = _D.calibration_dtype,
     force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = _D.force,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Replace a drafter's lm_head by W_up @ W_down of rank r (truncated SVD) and write an HF folder.
 
-    With --calibration-data the factors are the truncated SVD of W C^(1/2) mapped back, where C is
-    the second moment of the drafter's lm_head input on that data: the rank-r head with the
-    smallest expected logit error, usually a much better start for the recovery fine-tune.
+    With --target the factors are calibrated by default: the truncated SVD of W C^(1/2) mapped back,
+    where C is the second moment of the drafter's lm_head input on training data (--calibration-data,
+    or a built-in slice of data/train): the rank-r head with the smallest expected logit error. The
+    plain SVD (no --target, or --no-calibration) accepts almost nothing before a fine-tune; a
+    warning on stderr says so.
     """
     cfg = ConvertConfig(
         rank=rank,
@@ -93,6 +109,11 @@ def convert(
         calibration_damp=calibration_damp,
         calibration_data=tuple(str(p) for p in calibration_data or ()),
         calibration_samples=calibration_samples,
+        calibrate=calibrate,
+        device=device,
+        calibration_dtype=calibration_dtype,
     )
     report = convert_checkpoint(src, out, cfg)
     typer.echo(report.to_json() if json_out else report.summary())
+    for line in report.warnings:
+        typer.echo(f"warning: {line}", err=True)

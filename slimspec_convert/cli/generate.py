@@ -60,8 +60,11 @@ def generate(
         typer.Option(help="low-rank head: rescore its top-K logits with the embedding rows (0 = off)"),
     ] = _GEN.rerank,
     dtype: Annotated[
-        str, typer.Option(help="target and drafter dtype: float32, bfloat16, float16")
+        str, typer.Option(help="target and drafter dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")
     ] = _GEN.dtype,
+    device: Annotated[
+        str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")
+    ] = _GEN.device,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON list, one object per prompt")
@@ -79,6 +82,7 @@ def generate(
         all_turns=all_turns,
         batch_size=batch_size,
         dtype=dtype,
+        device=device,
         max_prompts=limit,
         rerank=rerank,
     )

@@ -58,6 +58,8 @@ DataSource = Annotated[
 MetricPrompts = Annotated[int, typer.Option(help="held-out prompts of the on-policy chain metric")]
 MetricDepth = Annotated[int, typer.Option(help="k of the greedy chain whose predicted tau selects")]
 MeasurePrompts = Annotated[int, typer.Option(help="held-out prompts decoded for the measured tau (0 = skip)")]
+Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")]
+Dtype = Annotated[str, typer.Option(help="target dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")]
 
 
 def _echo(result, json_out: bool) -> None:
@@ -94,6 +96,8 @@ def finetune(
     metric_prompts: MetricPrompts = _F.metric_prompts,
     metric_depth: MetricDepth = _F.metric_depth,
     measure_prompts: MeasurePrompts = _F.measure_prompts,
+    device: Device = _F.device,
+    dtype: Dtype = _F.dtype,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -120,6 +124,8 @@ def finetune(
         metric_prompts=metric_prompts,
         metric_depth=metric_depth,
         measure_prompts=measure_prompts,
+        device=device,
+        dtype=dtype,
     )
     result = run_finetune(
         target,
@@ -163,6 +169,8 @@ def train_drafter(
     metric_prompts: MetricPrompts = _T.metric_prompts,
     metric_depth: MetricDepth = _T.metric_depth,
     measure_prompts: MeasurePrompts = _T.measure_prompts,
+    device: Device = _T.device,
+    dtype: Dtype = _T.dtype,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -188,6 +196,8 @@ def train_drafter(
         metric_prompts=metric_prompts,
         metric_depth=metric_depth,
         measure_prompts=measure_prompts,
+        device=device,
+        dtype=dtype,
     )
     result = run_train_drafter(
         target,

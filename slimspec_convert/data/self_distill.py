@@ -62,7 +62,7 @@ def complete_prompts(
                     chunk = todo[i : i + batch_size]
                     enc = tokenizer(
                         [t for _, t in chunk], return_tensors="pt", padding=True, add_special_tokens=False
-                    )
+                    ).to(model.device)
                     with torch.no_grad():
                         out = model.generate(
                             **enc,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slimspec_convert.dtypes import check_dtype_name
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,15 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class GenerateConfig:
     """Options of ``slimspec generate`` besides drafting (:class:`DraftConfig`) and decoding
-    (:class:`SamplingConfig`): prompt handling, batching and the target dtype."""
+    (:class:`SamplingConfig`): prompt handling, batching, the device and the dtype of both models
+    (``auto``: bfloat16 on CUDA, float32 on the CPU)."""
 
     chat: bool = True
     system_prompt: str | None = None  # None keeps the chat template's own default
     all_turns: bool = False
     batch_size: int = 1
-    dtype: str = "float32"
+    dtype: str = AUTO_DTYPE
+    device: str = "auto"
     max_prompts: int | None = None
     rerank: int = 0  # low-rank head: rescore its top-k logits exactly (0 = off)
 
@@ -80,4 +82,5 @@ class GenerateConfig:
             raise ValueError(f"GenerateConfig.max_prompts={self.max_prompts}: expected >= 1")
         if self.all_turns and not self.chat:
             raise ValueError("GenerateConfig.all_turns needs chat (multi-turn prompts use the chat template)")
-        check_dtype_name("GenerateConfig", self.dtype)
+        check_run_dtype("GenerateConfig", self.dtype)
+        check_device_name("GenerateConfig", self.device)

@@ -11,14 +11,13 @@ from the target's own features.
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.results import StageTimes
 from slimspec_convert.decoding.speculative import DraftTree, build_tree, process_logits, sample_from_probs
+from slimspec_convert.devices import clock_ms, module_device
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
 
@@ -126,6 +125,7 @@ class DrafterRunner:
         if drafter.d2t is not None:
             hot = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=drafter.d2t.device))
         self.hot_ids = hot  # [V_d] absolute target ids, or None (identity)
+        self.device = module_device(drafter)  # stage clocks synchronise it (CUDA runs asynchronously)
         self._finite: dict[str, tuple[Tensor, torch.dtype]] = {}  # stage -> (all finite so far, dtype)
 
     # ---- NaN/inf watch ---------------------------------------------------------------------
@@ -152,27 +152,27 @@ class DrafterRunner:
     # ---- timed pieces ---------------------------------------------------------------------
     def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: DraftKVCache, mask) -> Tensor:
         """Drafter backbone on [B, T] tokens with [B, T, d] features -> [B, T, d] (timed)."""
-        t0 = time.perf_counter()
+        t0 = clock_ms(self.device)
         h = self.drafter(tokens, hidden, positions, cache, mask)
-        self.times.drafter_backbone_ms += (time.perf_counter() - t0) * 1e3
+        self.times.drafter_backbone_ms += clock_ms(self.device) - t0
         return self._watch("drafter decoder layer", h)
 
     def fuse(self, aux: Tensor) -> Tensor:
         """Fuse target aux states [B, T, K*dt] -> [B, T, d] (timed as backbone)."""
-        t0 = time.perf_counter()
+        t0 = clock_ms(self.device)
         g = self.drafter.fuse(self._watch("target aux states", aux))
-        self.times.drafter_backbone_ms += (time.perf_counter() - t0) * 1e3
+        self.times.drafter_backbone_ms += clock_ms(self.device) - t0
         return self._watch("drafter fc", g)
 
     def logits(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits [..., V_d] float32; the lm_head is timed on its own."""
-        t0 = time.perf_counter()
+        t0 = clock_ms(self.device)
         z = self.drafter.norm(h)
-        t1 = time.perf_counter()
+        t1 = clock_ms(self.device)
         out = self.drafter.lm_head(z)
-        t2 = time.perf_counter()
-        self.times.drafter_backbone_ms += (t1 - t0) * 1e3
-        self.times.drafter_head_ms += (t2 - t1) * 1e3
+        t2 = clock_ms(self.device)
+        self.times.drafter_backbone_ms += t1 - t0
+        self.times.drafter_head_ms += t2 - t1
         return self._watch("drafter lm_head", out).float()
 
     def log_probs(self, logits: Tensor) -> Tensor:

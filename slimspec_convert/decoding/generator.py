@@ -50,6 +50,7 @@ from slimspec_convert.decoding.speculative import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from slimspec_convert.devices import clock_ms, module_device
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.target.cache import cache_length, new_target_cache, target_mask_windows
@@ -122,6 +123,11 @@ class SpeculativeGenerator:
             raise ValueError(
                 f"drafter target_hidden_size={cfg.resolved_target_hidden_size} != target hidden_size="
                 f"{tcfg.hidden_size}; wrong target?"
+            )
+        if module_device(drafter) != self.device:
+            raise ValueError(
+                f"the drafter is on {module_device(drafter)} but the target on {self.device}; "
+                "move both to one device (drafter.to(device))"
             )
         aux = resolve_aux_layers(cfg, self.model)
         self.runner = DrafterRunner(drafter, self.draft, self.sampling, StageTimes())
@@ -293,7 +299,7 @@ class SpeculativeGenerator:
         return any(w is not None for w in self.windows.values())
 
     def _target(self, st: DecodeState, ids: Tensor, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock_ms(self.device)
         out = target_forward(
             self.model,
             ids,
@@ -302,7 +308,7 @@ class SpeculativeGenerator:
             use_cache=True,
             **kwargs,
         )
-        st.times.target_ms += (time.perf_counter() - t0) * 1e3
+        st.times.target_ms += clock_ms(self.device) - t0
         return out
 
     # ---- one round ---------------------------------------------------------------------------

@@ -93,6 +93,28 @@ def count_nonfinite(weight: Tensor, block_rows: int = BLOCK_ROWS) -> int:
     return bad
 
 
+def same_rows(a: Tensor, b: Tensor, block_rows: int = BLOCK_ROWS) -> bool:
+    """True when two [N, d] tables hold the same values, compared in row blocks (no full-size copy).
+
+    Both are compared in the coarser of their two dtypes (larger ``eps``), so a bfloat16 copy of a
+    float32 table counts as the same table; nothing else is tolerated.
+
+    Args:
+        a, b: [N, d] float tables (e.g. a drafter's lm_head weight and its embedding).
+        block_rows: rows per block.
+
+    Returns:
+        False for different shapes or any differing entry.
+    """
+    if a.shape != b.shape:
+        return False
+    coarse = a.dtype if torch.finfo(a.dtype).eps >= torch.finfo(b.dtype).eps else b.dtype
+    for i in range(0, a.shape[0], block_rows):
+        if not torch.equal(a[i : i + block_rows].to(coarse), b[i : i + block_rows].to(coarse)):
+            return False
+    return True
+
+
 def _gram64(w: Tensor) -> tuple[Tensor, float]:
     """[d, d] float64 Gram matrix W^T W and ||W||_F^2, accumulated over row blocks."""
     d = w.shape[1]

@@ -53,7 +53,7 @@ def expected_acceptance_by_head(
         drafter: the drafter (its body, final norm and ``d2t`` are used; its own head is not).
         target_model: HF causal LM the drafter was trained for.
         batches: dicts with ``input_ids`` [B, T] int64, ``loss_mask`` [B, T] bool and optionally
-            ``attention_mask`` [B, T] (right padding).
+            ``attention_mask`` [B, T] (right padding), on any device (moved to the drafter's).
         heads: name -> head mapping [..., d] to [..., V_d] draft-vocabulary logits.
 
     Returns:
@@ -67,18 +67,22 @@ def expected_acceptance_by_head(
     dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
     sums = {n: torch.zeros(2, dtype=torch.float64) for n in heads}
     count = 0
+    device = next(drafter.parameters()).device
     for batch in batches:
-        ids, mask = batch["input_ids"], batch["loss_mask"].bool()
+        ids, mask = batch["input_ids"].to(device), batch["loss_mask"].to(device).bool()
+        attn = batch.get("attention_mask")
         B, T = ids.shape
         if T < 3:
             continue
-        out = target_forward(target_model, ids, aux_layers, attention_mask=batch.get("attention_mask"))
+        out = target_forward(
+            target_model, ids, aux_layers, attention_mask=attn.to(device) if attn is not None else None
+        )
         if out.logits.shape[-1] != cfg.vocab_size:
             raise ValueError(
                 f"target logits have V_t={out.logits.shape[-1]}, drafter vocab_size={cfg.vocab_size}"
             )
         feat = drafter.fuse(out.aux_hidden[:, :-1].to(dtype))  # [B, T-1, d], g_t for t = 0..T-2
-        pos = torch.arange(T - 1).expand(B, -1)  # [B, T-1]
+        pos = torch.arange(T - 1, device=device).expand(B, -1)  # [B, T-1]
         h = drafter(ids[:, 1:], feat, pos)  # [B, T-1, d], h_t predicts x_{t+2}
         valid = mask[:, 2:]  # [B, T-2], x_{t+2} supervised
         normed = drafter.norm(h[:, :-1])[valid]  # [N, d]

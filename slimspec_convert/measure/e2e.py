@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.results import GenerationResult
-from slimspec_convert.dtypes import check_dtype_name
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.version import __version__
@@ -51,6 +52,8 @@ class BenchE2EConfig:
     ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
     drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
     drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
+    ``device`` and ``dtype`` place the target and every drafter (``auto``: cuda when available,
+    bfloat16 there, float32 on the CPU).
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -59,7 +62,8 @@ class BenchE2EConfig:
     batch_size: int = 1
     draft_method: str = "tree"
     max_prompts: int = DEFAULT_E2E_MAX_PROMPTS
-    dtype: str = "float32"
+    dtype: str = AUTO_DTYPE
+    device: str = "auto"
     reference: str | None = None
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
@@ -88,7 +92,8 @@ class BenchE2EConfig:
         if self.warmup_tokens < 0:
             raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
         DraftConfig(method=self.draft_method)  # validates the method name
-        check_dtype_name("BenchE2EConfig", self.dtype)
+        check_run_dtype("BenchE2EConfig", self.dtype)
+        check_device_name("BenchE2EConfig", self.device)
 
 
 def head_kind(drafter: Eagle3Drafter | None) -> str:
@@ -144,6 +149,7 @@ class E2EResult:
     num_prompts: int
     config: dict
     per_prompt: dict[str, list[dict]]
+    machine: MachineState | None = None  # the larger 1-min load of the readings before and after
 
     def to_dict(self) -> dict:
         """JSON-ready dict with the package version."""
@@ -195,7 +201,8 @@ def run_e2e(
         progress: called with a short line per batch.
 
     Returns:
-        :class:`E2EResult` (plain decoding first).
+        :class:`E2EResult` (plain decoding first), with the machine's state (busy when the 1-min
+        load average before or after the run exceeds the core count).
 
     Raises:
         ValueError: a drafter that does not fit the target, or no prompts.
@@ -211,6 +218,7 @@ def run_e2e(
             target_model, tokenizer, drafter, draft, sampling, batch_size=cfg.batch_size
         )
 
+    load_before = read_load_1m()
     gens = {n: generator(d, cfg.max_new_tokens) for n, d in configs.items()}
     if cfg.warmup_tokens:
         for d in configs.values():
@@ -228,7 +236,11 @@ def run_e2e(
             res = gens[name].generate(batch)
             totals[name].add(res, (time.perf_counter() - t0) * 1e3)
             outputs[name].extend(res)
-    return _summarise(configs, totals, outputs, cfg)
+    loads = [x for x in (load_before, read_load_1m()) if x is not None]
+    p = next(target_model.parameters())
+    run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
+    machine = machine_state(load_1m=max(loads) if loads else None)
+    return _summarise(configs, totals, outputs, cfg, machine, run_on)
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
@@ -237,7 +249,14 @@ def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig)
     return next((n for n, d in configs.items() if head_kind(d) == "full"), None)
 
 
-def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig) -> E2EResult:
+def _summarise(
+    configs,
+    totals: dict[str, _Totals],
+    outputs,
+    cfg: BenchE2EConfig,
+    machine: MachineState | None = None,
+    run_on: dict[str, str] | None = None,
+) -> E2EResult:
     plain = outputs[E2E_PLAIN_NAME]
     tps = {n: t.new_tokens / (t.wall_ms / 1e3) for n, t in totals.items()}
     ref = _reference(configs, cfg)
@@ -284,8 +303,8 @@ def _summarise(configs, totals: dict[str, _Totals], outputs, cfg: BenchE2EConfig
     per_prompt = {
         n: [{"output_ids": o.output_ids, **asdict(o.stats)} for o in outs] for n, outs in outputs.items()
     }
-    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method))}
-    return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt)
+    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method)), "run_on": run_on}
+    return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt, machine)
 
 
 def _per(total: float, rounds: int) -> float | None:

@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from slimspec_convert.devices import check_device_name, resolve_device
 from slimspec_convert.dtypes import DTYPES, check_dtype_name, torch_dtype
-from slimspec_convert.measure.timing import resolve_device, time_interleaved
+from slimspec_convert.measure.machine import MachineState, machine_state, timing_spread
+from slimspec_convert.measure.timing import time_interleaved
 from slimspec_convert.model.head import LowRankHead
 
 # ---- benchmarks, trimming, rank sweep (issue 5) ------------------------------------------------
@@ -86,8 +88,7 @@ class BenchHeadConfig:
             )
         if self.budget_s <= 0:
             raise ValueError(f"BenchHeadConfig.budget_s={self.budget_s}: expected > 0")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"BenchHeadConfig.device={self.device!r}: expected auto, cpu or cuda")
+        check_device_name("BenchHeadConfig", self.device)
 
 
 def resolve_ranks(ranks: Sequence[int | str], hidden_size: int) -> tuple[int, ...]:
@@ -137,6 +138,8 @@ class HeadBenchRow:
         trimmed_rows, trimmed_ms: a dense head keeping the first ``trimmed_rows`` rows (None when
             trimmed_rows >= V or 0).
         repeats: timed rounds.
+        machine: load average and timing spread of this batch size's run, and whether the machine
+            counted as busy (:mod:`slimspec_convert.measure.machine`).
     """
 
     hidden_size: int
@@ -157,6 +160,7 @@ class HeadBenchRow:
     device: str
     threads: int
     repeats: int
+    machine: MachineState | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the keys of issue 5 plus the extras above)."""
@@ -210,6 +214,8 @@ def _shape_rows(
                 number=number,
             )
         num_rounds = len(t["full"].samples_ms)
+        spread = max(timing_spread(v.samples_ms) for n, v in t.items() if not n.startswith("bare_"))
+        machine = machine_state(spread)
         for r in heads:
             low, bare_low = t[f"lowrank_{r}"].median_ms, t[f"bare_lowrank_{r}"].median_ms
             rows.append(
@@ -232,6 +238,7 @@ def _shape_rows(
                     device=str(device),
                     threads=torch.get_num_threads(),
                     repeats=num_rounds,
+                    machine=machine,
                 )
             )
     return rows

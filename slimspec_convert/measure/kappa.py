@@ -51,7 +51,8 @@ def measure_kappa(
     Args:
         drafter: drafter with the *full* head.
         target_model: HF causal LM.
-        input_ids: [1, L] prefix (L >= 2).
+        input_ids: [1, L] prefix (L >= 2), on any device (moved to the drafter's; the target must be
+            on that device too). Stage times are synchronised CUDA events there.
         num_draft_tokens: k.
         warmup: untimed rounds.
         repeats: timed rounds.
@@ -60,15 +61,17 @@ def measure_kappa(
         :class:`KappaMeasurement`.
     """
     aux_layers = resolve_aux_layers(drafter.config, target_model)
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    ref = next(p for p in drafter.parameters() if p.is_floating_point())
+    dtype, device = ref.dtype, ref.device
+    input_ids = input_ids.to(device)
     L, k = input_ids.shape[1], num_draft_tokens
     prefill = target_forward(target_model, input_ids, aux_layers, use_cache=True)
     cache = prefill.past_key_values
     feats = drafter.fuse(prefill.aux_hidden[:, :-1].to(dtype))  # [1, L-1, d]
     dcache = DraftKVCache()
-    drafter(input_ids[:, 1:], feats, torch.arange(L - 1)[None], cache=dcache)
+    drafter(input_ids[:, 1:], feats, torch.arange(L - 1, device=device)[None], cache=dcache)
     new_ids = input_ids[:, -1:].expand(1, k + 1).contiguous()  # [1, k+1], values do not change the cost
-    step_in = (input_ids[:, -1:], feats[:, -1:], torch.tensor([[L - 1]]))
+    step_in = (input_ids[:, -1:], feats[:, -1:], torch.tensor([[L - 1]], device=device))
     normed = drafter.norm(feats[:, -1:])  # [1, 1, d]
     aux_verify = prefill.aux_hidden[:, -(k + 1) :].to(dtype)  # [1, k+1, K*dt] (clamped by L)
 
@@ -88,7 +91,9 @@ def measure_kappa(
     }
     t = {
         n: v.median_ms
-        for n, v in time_interleaved(fns, warmup=warmup, repeats=repeats, min_repeats=min(3, repeats)).items()
+        for n, v in time_interleaved(
+            fns, device=device, warmup=warmup, repeats=repeats, min_repeats=min(3, repeats)
+        ).items()
     }
     kappa = kappa_from_times(k * t["head"], k * t["body"] + t["fuse"] + t["verify"])
     return KappaMeasurement(k, t["head"], t["body"], t["fuse"], t["verify"], kappa)

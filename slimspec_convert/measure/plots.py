@@ -86,14 +86,57 @@ def plot_rank_vs_latency(
 
 
 def plot_predicted_vs_measured(
-    names: Sequence[str], predicted: Sequence[float], measured: Sequence[float], path: Path
+    names: Sequence[str],
+    predicted: Sequence[float],
+    measured: Sequence[float],
+    path: Path,
+    *,
+    speedup_names: Sequence[str] = (),
+    speedup_vs_plain: Sequence[float] = (),
 ) -> Path:
-    """Predicted (cost model) vs measured end-to-end speedup over the full-head drafter, one bar pair each.
+    """End-to-end speed in two panels: tokens/s relative to plain decoding for every row (plain = 1.0),
+    and predicted (cost model) vs measured speedup over the full-head drafter, one bar pair each.
+
+    The left panel makes it visible when every drafter is slower than plain decoding (bars below
+    the 1.0 line), which the right panel, relative to the full-head drafter, cannot show.
+
+    Args:
+        names: drafters with a cost-model prediction (right panel).
+        predicted, measured: rho_TPS per drafter in ``names``.
+        path: output PNG.
+        speedup_names: every row, plain decoding first (left panel; omitted when empty).
+        speedup_vs_plain: tokens/s over plain decoding's per row in ``speedup_names`` (plain = 1.0).
 
     Returns:
         ``path``.
+
+    Raises:
+        ValueError: ``speedup_names`` and ``speedup_vs_plain`` of different lengths.
     """
-    plt, fig, ax = _figure()
+    if len(speedup_names) != len(speedup_vs_plain):
+        raise ValueError(
+            f"speedup_names has {len(speedup_names)} entries, speedup_vs_plain {len(speedup_vs_plain)}"
+        )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 2 if speedup_names else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 4.2), dpi=110, squeeze=False)
+    if speedup_names:
+        ax = axes[0][0]
+        xs = range(len(speedup_names))
+        # plain decoding grey, faster than it green, slower red
+        colors = ["0.6"] + ["C2" if v >= 1.0 else "C3" for v in speedup_vs_plain[1:]]
+        ax.bar(list(xs), list(speedup_vs_plain), width=0.6, color=colors)
+        for x, v in zip(xs, speedup_vs_plain, strict=True):
+            ax.annotate(f"{v:.2f}", (x, v), ha="center", va="bottom", fontsize=8)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs), list(speedup_names), rotation=20)
+        ax.set_ylabel("tokens/s relative to plain decoding")
+        ax.set_title("speedup over plain target decoding")
+    ax = axes[0][-1]
     xs = range(len(names))
     ax.bar([x - 0.2 for x in xs], predicted, width=0.4, label="predicted rho_TPS", color="C0")
     ax.bar([x + 0.2 for x in xs], measured, width=0.4, label="measured rho_TPS", color="C1")

@@ -15,7 +15,9 @@ def e2e_markdown(result: E2EResult) -> str:
     cfg = result.config
     lines = [
         f"End-to-end, greedy, {result.num_prompts} prompts, {cfg['max_new_tokens']} new tokens max, batch "
-        f"{cfg['batch_size']}, draft {cfg['draft']}. tau = accepted drafts + 1 bonus per verification.",
+        f"{cfg['batch_size']}, draft {cfg['draft']}"
+        + (f", {cfg['run_on']['device']} {cfg['run_on']['dtype']}" if cfg.get("run_on") else "")
+        + ". tau = accepted drafts + 1 bonus per verification.",
         "",
         "| drafter | head | tau | tokens/s | speedup vs plain | target ms/round | body ms/round "
         "| head ms/round | other ms/round | lossless | nu | rho_tau | predicted rho_TPS | measured rho_TPS |",
@@ -46,4 +48,10 @@ def e2e_markdown(result: E2EResult) -> str:
             f"Reference (full head): {result.reference}; kappa = {result.kappa:.4f} "
             f"(head ms / all other ms, whole run); ceiling 1 + kappa = {1 + result.kappa:.4f}.",
         ]
+    m = result.machine
+    if m is not None:
+        lines.append(
+            f"Machine: 1-min load average {fmt_number(m.load_1m, 2)} on {m.cpu_count} cores"
+            + (f"; BUSY ({m.reason}): timings are noisy." if m.busy else ".")
+        )
     return "\n".join(lines) + "\n"

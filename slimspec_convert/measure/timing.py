@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from slimspec_convert.devices import synchronize
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,31 +35,11 @@ class Timing:
     samples_ms: tuple[float, ...]
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu.
-
-    Raises:
-        ValueError: cuda asked for but not available, or an unknown name.
-    """
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch.cuda.is_available() is False; use --device cpu")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: expected auto, cpu or cuda")
-    return torch.device(device)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_once(fn: Callable[[], object], device: torch.device, number: int) -> float:
     """ms per call of ``number`` back-to-back calls."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _synchronize(device)
+        synchronize(device)
         start.record()
         for _ in range(number):
             fn()
@@ -113,7 +95,7 @@ def time_interleaved(
         t0 = time.perf_counter()
         for name in names:
             fns[name]()
-        _synchronize(dev)
+        synchronize(dev)
         round_s = time.perf_counter() - t0
     num_rounds = repeats
     if budget_s is not None and round_s > 0:

@@ -41,7 +41,10 @@ class DrafterConfig:
 
     The field names follow Hugging Face's LlamaConfig where one exists. ``aux_layer_ids`` are
     always stored as *boundary* indices (eagle3-formats.md section 6); ``aux_layer_ids_source``
-    records what the checkpoint declared, for round trips.
+    records what the checkpoint declared, for round trips. ``head_is_embedding`` is provenance, not
+    geometry: ``convert`` sets it (True when the dense head it factorised was the ``embed_tokens``
+    table, row for row), fine-tuning and saving carry it, and ``Eagle3Drafter.enable_rerank``
+    refuses a low-rank head unless it is True.
     """
 
     hidden_size: int
@@ -73,6 +76,9 @@ class DrafterConfig:
     head_rank: int | None = None  # None: dense lm_head; int: low-rank W_up @ W_down
     own_embeddings: bool = False  # the checkpoint ships its own embed_tokens (else borrowed from the target)
     source_format: str = "slimspec"
+    # Recorded by ``slimspec convert``: the dense head the factors approximate equalled embed_tokens
+    # (a tied head). Only then does the shortlist rerank rescore with the right rows. None = not known.
+    head_is_embedding: bool | None = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -268,13 +268,16 @@ class Eagle3Drafter(nn.Module):
     def enable_rerank(self, k: int) -> None:
         """Shortlist rerank of the low-rank head with this drafter's ``embed_tokens`` rows.
 
-        Exact only for drafters whose dense lm_head was the target's tied embedding, kept frozen
-        (speculators heads, ``slimspec train-drafter --train body``): there the reranked top-k
-        scores equal the original head's. ``k = 0`` turns it off. Greedy and sampled outputs stay
-        lossless either way (verification decides); only acceptance changes.
+        Exact only for drafters whose dense lm_head was the embedding table (a tied head, kept
+        frozen: speculators heads of tied targets, ``slimspec train-drafter --train body``, the
+        SmolLM2 demo drafter): there the reranked top-k scores equal the original head's.
+        ``slimspec convert`` records that in ``config.head_is_embedding``; any other head would be
+        rescored with the wrong rows, so it is refused. ``k = 0`` turns the rerank off. Greedy and
+        sampled outputs stay lossless either way (verification decides); only acceptance changes.
 
         Raises:
-            ValueError: a dense head, a trimmed vocabulary (V_d < V), or k outside [0, V_d].
+            ValueError: a dense head, a trimmed vocabulary (V_d < V), a head not converted from the
+                embedding (``head_is_embedding`` False or unrecorded), or k outside [0, V_d].
         """
 
         if not isinstance(self.lm_head, LowRankHead):
@@ -282,7 +285,22 @@ class Eagle3Drafter(nn.Module):
         if self.config.is_trimmed:
             raise ValueError(
                 f"rerank needs a full-vocabulary head (draft_vocab_size {self.config.draft_vocab_size} "
-                f"< vocab_size {self.config.vocab_size})"
+                f"< vocab_size {self.config.vocab_size}): it rescores with embed_tokens rows, one per "
+                "target id; convert with --full-vocab --target T for a full-vocabulary low-rank head"
+            )
+        if self.config.head_is_embedding is not True:
+            why = (
+                "the dense head it was converted from is not the embedding table (head_is_embedding "
+                "= false: an untied target head or a head trained on its own)"
+                if self.config.head_is_embedding is False
+                else "its config does not record that the dense head it was converted from was the "
+                "embedding table (head_is_embedding unset: converted without the embedding at hand or "
+                "by an older slimspec; reconvert with `slimspec convert SRC OUT --target T`)"
+            )
+            raise ValueError(
+                f"rerank rescores with embed_tokens rows, but {why}; it serves only heads converted "
+                "from a tied embedding (speculators heads of tied targets, train-drafter --train body, "
+                "the SmolLM2 demo drafter)"
             )
         self.lm_head.set_rerank(k, self.embed_tokens)
 
@@ -302,7 +320,7 @@ def with_head(drafter: Eagle3Drafter, head: nn.Module) -> Eagle3Drafter:
         head: the new head, mapping [..., d] to [..., V_d] with the same V_d.
 
     Returns:
-        A new drafter in the source's dtype, eval mode.
+        A new drafter on the source's device, in its dtype, eval mode.
 
     Raises:
         RuntimeError: the head's shapes do not fit the drafter (strict load).
@@ -311,5 +329,5 @@ def with_head(drafter: Eagle3Drafter, head: nn.Module) -> Eagle3Drafter:
     state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("lm_head.")}
     state.update({f"lm_head.{k}": v for k, v in head.state_dict().items()})
     new.load_state_dict(state, strict=True)
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
-    return new.to(dtype).eval()
+    ref = next(p for p in drafter.parameters() if p.is_floating_point())
+    return new.to(device=ref.device, dtype=ref.dtype).eval()

@@ -17,7 +17,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from slimspec_convert.dtypes import torch_dtype
+from slimspec_convert.devices import resolve_device, resolve_dtype
 
 TARGET_WEIGHT_NAMES = (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 
@@ -108,26 +108,31 @@ def _hf_load(path: str | Path, what: str, fn, *args, **kwargs):
         raise TargetError(f"{path}: cannot load the target's {what} ({where}): {_first_line(e)}") from e
 
 
-def load_target(path: str | Path, dtype: str | torch.dtype | None = None):
+def load_target(
+    path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = "cpu"
+):
     """Load a target model and its tokenizer from a local folder, a ``.gguf`` file or a hub id.
 
     Args:
         path: HF folder (config.json + weights + tokenizer), a GGUF file (loaded through
             transformers' ``gguf_file=``, dequantised), or a hub id where a network exists.
-        dtype: float32 (default), bfloat16 or float16.
+        dtype: ``auto`` / None (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16 or float16.
+        device: where the model is placed: ``cpu`` (default), ``cuda``, ``cuda:N`` or ``auto``
+            (:func:`~slimspec_convert.devices.resolve_device`).
 
     Returns:
-        (model in eval mode, tokenizer).
+        (model in eval mode on ``device``, tokenizer).
 
     Raises:
         FileNotFoundError: a local path that does not exist, or a folder without config.json.
         TargetError: (a ValueError) invalid config.json, a drafter folder, no weights, weights that
             do not cover the model, or a hub id that cannot be fetched (offline).
-        ValueError: unknown dtype.
+        ValueError: unknown dtype or device, or cuda asked for without one.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype_ = torch_dtype(dtype)
+    device_ = resolve_device(device)
+    dtype_ = resolve_dtype(dtype, device_)
     p = Path(path)
     if p.suffix == ".gguf":
         if not p.is_file():
@@ -154,7 +159,7 @@ def load_target(path: str | Path, dtype: str | torch.dtype | None = None):
                 f"{path}: the weights lack {len(missing)} of {type(model).__name__}'s tensors "
                 f"({', '.join(missing[:3])}, ...); not a complete target checkpoint"
             )
-    model.eval()
+    model.to(device_).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

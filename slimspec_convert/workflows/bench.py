@@ -10,7 +10,6 @@ from slimspec_convert.checkpoint.folders import read_config
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
 from slimspec_convert.decoding.prompts import load_prompts
-from slimspec_convert.dtypes import torch_dtype
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
@@ -74,7 +73,10 @@ def head_shapes(
 
 
 def write_e2e(result: E2EResult, out_dir: Path, force: bool = False) -> list[Path]:
-    """Write e2e.json, e2e.md and e2e_speedup.png (predicted vs measured rho_TPS) into ``out_dir``.
+    """Write e2e.json, e2e.md and e2e_speedup.png into ``out_dir``.
+
+    The plot has tokens/s relative to plain decoding for every row (plain = 1.0) beside predicted
+    vs measured rho_TPS (relative to the full-head drafter) for the drafters the cost model covers.
 
     Raises:
         FileExistsError: an output exists and force is off.
@@ -91,6 +93,8 @@ def write_e2e(result: E2EResult, out_dir: Path, force: bool = False) -> list[Pat
         [r.predicted_rho_tps for r in rows],
         [r.measured_rho_tps for r in rows],
         paths[2],
+        speedup_names=[r.name for r in result.rows],  # plain decoding first, at 1.0
+        speedup_vs_plain=[r.speedup for r in result.rows],
     )
     return paths
 
@@ -114,9 +118,11 @@ def bench_e2e(
     if not cfg.force and any((out / n).exists() for n in (E2E_JSON, E2E_MD, E2E_PNG)):
         raise FileExistsError(f"{out}: holds e2e results; pass --force to overwrite")
     prompts = [turns[0] for turns in load_prompts(prompts_path)][: cfg.max_prompts]
-    dtype = torch_dtype(cfg.dtype)
-    model, tokenizer = load_target(target, dtype)
-    drafters = {n: load_drafter_with_target_embeddings(p, model).to(dtype).eval() for n, p in cfg.drafters}
+    model, tokenizer = load_target(target, cfg.dtype, cfg.device)
+    drafters = {
+        n: load_drafter_with_target_embeddings(p, model).to(device=model.device, dtype=model.dtype).eval()
+        for n, p in cfg.drafters
+    }
     for name, k in cfg.rerank:
         try:
             drafters[name].enable_rerank(k)

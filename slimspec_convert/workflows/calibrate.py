@@ -30,6 +30,36 @@ DEFAULT_CALIBRATION_TTT_STEPS = 3
 DEFAULT_CALIBRATION_MAX_LENGTH = 256
 
 
+# The built-in calibration set of ``slimspec convert --target T`` without --calibration-data: committed
+# *training* data (data/README.md; never data/eval). The main job calibrates on the same two files.
+TRAIN_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "train"
+
+
+DEFAULT_CALIBRATION_FILES = ("gsm8k/train.jsonl", "gpteacher/codegen-instruct.json")
+
+
+def default_calibration_files(root: Path = TRAIN_DATA_DIR) -> tuple[str, ...]:
+    """The built-in calibration files (GSM8K train, GPTeacher codegen) under the repository's data/train.
+
+    Args:
+        root: the training-data folder (default: ``data/train`` of this checkout).
+
+    Returns:
+        Their paths, in :data:`DEFAULT_CALIBRATION_FILES` order.
+
+    Raises:
+        FileNotFoundError: a file is missing (a wheel install ships no data/), naming the fixes.
+    """
+    paths = tuple(str(root / name) for name in DEFAULT_CALIBRATION_FILES)
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"built-in calibration data {missing} not found (data/train ships with the git checkout, "
+            "not with a wheel); pass --calibration-data FILE (training conversations) or --no-calibration"
+        )
+    return paths
+
+
 @torch.no_grad()
 def head_input_moment(
     drafter: Eagle3Drafter,
@@ -48,7 +78,8 @@ def head_input_moment(
     draft too. Only supervised positions (assistant tokens whose prediction target exists) count.
 
     Args:
-        drafter: the source drafter (its dense head is not used), float32 recommended.
+        drafter: the source drafter (its dense head is not used), float32 recommended, on the
+            target's device (batches are moved there).
         target_model: HF causal LM providing the aux hidden states.
         examples: tokenised calibration examples.
         pad_id: padding token id.
@@ -57,7 +88,7 @@ def head_input_moment(
         source: description for the report.
 
     Returns:
-        :class:`~slimspec_convert.factorize.HeadCalibration` with a [d, d] float64 moment.
+        :class:`~slimspec_convert.factorize.HeadCalibration` with a [d, d] float64 moment (on the CPU).
 
     Raises:
         ValueError: no example, or no supervised position in them.
@@ -67,10 +98,11 @@ def head_input_moment(
     aux = resolve_aux_layers(drafter.config, target_model)
     drafter.eval()
     d = drafter.config.hidden_size
-    moment = torch.zeros(d, d, dtype=torch.float64)
+    device = next(drafter.parameters()).device
+    moment = torch.zeros(d, d, dtype=torch.float64, device=device)
     rows = 0
     for i in tqdm(range(0, len(examples), batch_size), desc="calibrate", unit="batch"):
-        batch = collate(examples[i : i + batch_size], pad_id)
+        batch = {k: v.to(device) for k, v in collate(examples[i : i + batch_size], pad_id).items()}
         out = target_forward(
             target_model, batch["input_ids"], aux, attention_mask=batch["attention_mask"], logits_to_keep=1
         )
@@ -83,7 +115,7 @@ def head_input_moment(
             rows += h.shape[0]
     if rows == 0:
         raise ValueError("calibration: the examples have no supervised (assistant) position")
-    return HeadCalibration(second_moment=moment / rows, rows=rows, source=source)
+    return HeadCalibration(second_moment=(moment / rows).cpu(), rows=rows, source=source)
 
 
 def calibrate_from_files(
@@ -95,6 +127,8 @@ def calibrate_from_files(
     max_length: int = DEFAULT_CALIBRATION_MAX_LENGTH,
     ttt_steps: int = DEFAULT_CALIBRATION_TTT_STEPS,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> HeadCalibration:
     """Load the target, the source drafter and ``samples`` random conversations; return the moment.
 
@@ -106,6 +140,9 @@ def calibrate_from_files(
         max_length: tokens per conversation (truncated).
         ttt_steps: unrolled drafter steps.
         seed: sampling seed.
+        device: where the target and the drafter run (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+        dtype: the target's dtype (``auto``/None: bfloat16 on CUDA, float32 on the CPU); the
+            drafter runs in float32 and the moment accumulates in float64 either way.
 
     Returns:
         :class:`~slimspec_convert.factorize.HeadCalibration`.
@@ -116,7 +153,7 @@ def calibrate_from_files(
 
     if samples < 1:
         raise ValueError(f"--calibration-samples={samples}: expected >= 1")
-    model, tok = load_target(target)
+    model, tok = load_target(target, dtype, device)
     drafter, _ = load_drafter(src, target=model)
     examples, _ = load_examples(tok, list(data), max_length)
     g = torch.Generator().manual_seed(seed)
@@ -126,5 +163,10 @@ def calibrate_from_files(
         map(str, data)
     )
     return head_input_moment(
-        drafter.float(), model, chosen, pad_id=tok.pad_token_id, ttt_steps=ttt_steps, source=source
+        drafter.float().to(model.device),
+        model,
+        chosen,
+        pad_id=tok.pad_token_id,
+        ttt_steps=ttt_steps,
+        source=source,
     )

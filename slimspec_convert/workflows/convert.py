@@ -36,8 +36,9 @@ from slimspec_convert.checkpoint.names import (
 )
 from slimspec_convert.checkpoint.save import hf_config_dict
 from slimspec_convert.checkpoint.weightfiles import CheckpointError, write_safetensors
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.dtypes import DTYPES
-from slimspec_convert.lowrank.blocks import NonFiniteError, count_nonfinite
+from slimspec_convert.lowrank.blocks import NonFiniteError, count_nonfinite, same_rows
 from slimspec_convert.lowrank.calibrated import (
     DEFAULT_CALIBRATION_DAMP,
     HeadCalibration,
@@ -54,14 +55,22 @@ from slimspec_convert.lowrank.svd import (
 )
 from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.version import __version__
-from slimspec_convert.workflows.calibrate import DEFAULT_CALIBRATION_SAMPLES, calibrate_from_files
+from slimspec_convert.workflows.calibrate import (
+    DEFAULT_CALIBRATION_SAMPLES,
+    calibrate_from_files,
+    default_calibration_files,
+)
 
 
 @dataclass(frozen=True)
 class ConvertConfig:
     """Options of ``slimspec convert`` (exactly one of rank, rank_fraction, energy may be set).
 
-    With none set, the rank is ``hidden_size // DEFAULT_RANK_DIVISOR`` (r = d/8).
+    With none set, the rank is ``hidden_size // DEFAULT_RANK_DIVISOR`` (r = d/8). With a ``target``
+    the factors are calibrated (``calibrate``, default on) on ``calibration_data``, or on the
+    built-in training slice (:func:`~slimspec_convert.workflows.calibrate.default_calibration_files`)
+    when none is given; ``device`` and ``calibration_dtype`` place that pass (``auto``: cuda when
+    available, bfloat16 there, float32 on the CPU).
     """
 
     rank: int | None = None
@@ -76,8 +85,11 @@ class ConvertConfig:
     svd_niter: int = DEFAULT_RANDOMIZED_NITER
     norm_output_semantics: str = "auto"  # auto | specforge | engine (eagle3-formats.md P7)
     calibration_damp: float = DEFAULT_CALIBRATION_DAMP
-    calibration_data: tuple[str, ...] = ()  # training-format files; needs target
+    calibration_data: tuple[str, ...] = ()  # training-format files; needs target; () = built-in slice
     calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
+    calibrate: bool = True  # with a target: fit the factors to real hidden states (--no-calibration)
+    device: str = "auto"  # the calibration pass
+    calibration_dtype: str = AUTO_DTYPE  # the target's dtype in the calibration pass
 
     def __post_init__(self) -> None:
         chosen = [n for n in ("rank", "rank_fraction", "energy") if getattr(self, n) is not None]
@@ -102,6 +114,13 @@ class ConvertConfig:
                 "--calibration-data needs --target (ConvertConfig.calibration_data needs target): "
                 "the aux hidden states come from it"
             )
+        if self.calibration_data and not self.calibrate:
+            raise ValueError(
+                "ConvertConfig: calibration_data with calibrate=False (--calibration-data with "
+                "--no-calibration): drop one of them"
+            )
+        check_device_name("ConvertConfig", self.device)
+        check_run_dtype("ConvertConfig.calibration_dtype", self.calibration_dtype)
         if self.calibration_samples < 1:
             raise ValueError(f"ConvertConfig.calibration_samples={self.calibration_samples}: expected >= 1")
         if not self.calibration_damp > 0:
@@ -142,6 +161,10 @@ class ConvertReport:
         head_vs_target: cosine / norm statistics of the drafter's rows against the target rows of
             the same tokens (only with a target; P20: speculators heads are target rows).
         notes: anything else worth knowing.
+        head_is_embedding: the factorised head equals the embedding table row for row (a tied
+            head; the shortlist rerank needs it); None when no embedding was at hand.
+        warnings: what the user should act on (the CLI prints each on stderr): an uncalibrated
+            result, which accepts almost nothing before calibration or fine-tuning.
     """
 
     source: str
@@ -167,6 +190,8 @@ class ConvertReport:
     head_vs_target: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    head_is_embedding: bool | None = None
+    warnings: list[str] = field(default_factory=list)
     version: str = __version__
 
     def to_dict(self) -> dict[str, Any]:
@@ -215,6 +240,14 @@ class ConvertReport:
             ("dtype source / factors", f"{self.source_dtype} / {self.factor_dtype}"),
             ("full_vocab", f"{self.full_vocab} (+{self.target_rows_added} target rows)"),
             ("d2t / t2d", self.vocab_maps),
+            (
+                "head is embedding",
+                {
+                    True: "yes (--rerank serves it)",
+                    False: "no (--rerank refused)",
+                    None: "unknown (no --target)",
+                }[self.head_is_embedding],
+            ),
             ("seconds", f"{self.seconds:.2f}"),
         ]
         rows += [
@@ -255,17 +288,20 @@ def convert(
         out: destination folder; must not exist unless ``cfg.force``.
         cfg: :class:`~slimspec_convert.config.ConvertConfig` (rank rule, target, dtype, SVD method).
         calibration: the lm_head input's second moment on real data
-            (:func:`slimspec_convert.workflows.calibrate.calibrate_from_files`; computed here from
-            ``cfg.calibration_data`` when that is set and this is None); when given, the factors minimise the
-            expected logit error instead of the weight error
+            (:func:`slimspec_convert.workflows.calibrate.calibrate_from_files`). When this is None
+            and ``cfg.target`` is set with ``cfg.calibrate`` (the default), it is computed here, on
+            ``cfg.device``, from ``cfg.calibration_data`` or the built-in training slice. With it,
+            the factors minimise the expected logit error instead of the weight error
             (:func:`~slimspec_convert.factorize.calibrated_factorize`, damping ``cfg.calibration_damp``);
-            the rank rule still reads the plain spectrum of W.
+            the rank rule still reads the plain spectrum of W. Without it the report carries a
+            warning (``report.warnings``) that the plain SVD needs calibration or a fine-tune.
 
     Returns:
         :class:`ConvertReport`.
 
     Raises:
         FileExistsError: OUT exists and ``force`` is false (nothing is written).
+        FileNotFoundError: the built-in calibration data is missing (a wheel install).
         ValueError: OUT is SRC; rank outside [1, min(rows, d)]; full_vocab with a target of a
             different hidden size or vocabulary; an already low-rank source head.
         CheckpointError: any bad input (see :func:`load_drafter`), NaN/inf in the head.
@@ -275,10 +311,6 @@ def convert(
     recovered = check_folder_free(out, cfg.force)  # repairs an interrupted earlier replace first
     if src.resolve() == out.resolve():
         raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
-    if calibration is None and cfg.calibration_data:  # after the cheap checks: this pass is slow
-        calibration = calibrate_from_files(
-            src, cfg.target, list(cfg.calibration_data), samples=cfg.calibration_samples
-        )
     tgt = TargetTensors.open(cfg.target) if cfg.target else None
     res = resolve_checkpoint(
         src,
@@ -301,6 +333,15 @@ def convert(
         W, rows_added = _full_vocab_head(W, res, tgt), dcfg.vocab_size - dcfg.draft_vocab_size
     elif cfg.full_vocab:
         notes.append("full_vocab: the head already has every target row; nothing added")
+    if calibration is None and cfg.target and cfg.calibrate:  # after the cheap checks: this pass is slow
+        calibration = calibrate_from_files(
+            src,
+            cfg.target,
+            list(cfg.calibration_data or default_calibration_files()),
+            samples=cfg.calibration_samples,
+            device=cfg.device,
+            dtype=cfg.calibration_dtype,
+        )
     out_dtype = getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else W.dtype
     d, m = dcfg.hidden_size, min(W.shape)
     method = (
@@ -341,7 +382,9 @@ def convert(
             f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
         ) from e
     _check_factors(out, fac.W_down, fac.W_up)
-    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]))
+    embed = res.tensors[EMBED_KEY].view() if EMBED_KEY in res.tensors else tgt.embed() if tgt else None
+    is_embedding = same_rows(W, embed) if embed is not None else None  # the rerank's precondition
+    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]), head_is_embedding=is_embedding)
     items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
     maps = (
         "dropped: full vocabulary"
@@ -384,6 +427,8 @@ def convert(
         if calibration is not None
         else {},
         notes=notes + res.report.warnings,
+        head_is_embedding=is_embedding,
+        warnings=[] if calibration is not None else [_uncalibrated_warning(src, out, r, cfg)],
     )
     _write_output(out, cfg.force, items, new_cfg, res, report, t0)
     return report
@@ -402,6 +447,21 @@ def _check_factors(out: Path, W_down: Tensor, W_up: Tensor) -> None:
                 f"{out / WEIGHTS_NAME}: '{key}' has {bad} NaN/inf entries in {name} (the head's values "
                 f"overflow {name}); nothing written: convert with --dtype bfloat16 or float32"
             )
+
+
+def _uncalibrated_warning(src: Path, out: Path, r: int, cfg: ConvertConfig) -> str:
+    """The one line that says an uncalibrated result needs calibration or fine-tuning, and how."""
+    finetune = f"slimspec finetune --target T --drafter {out} --data FILE --out {out}-ft"
+    if cfg.target:  # --no-calibration
+        return (
+            f"{out}: plain rank-{r} SVD (--no-calibration): it accepts almost nothing before "
+            f"fine-tuning (tau 1.008 for the SmolLM2 demo drafter at r = 72); run `{finetune}`"
+        )
+    return (
+        f"{out}: plain rank-{r} SVD, not calibrated: it accepts almost nothing yet (tau 1.008 for the "
+        f"SmolLM2 demo drafter at r = 72); reconvert with `slimspec convert {src} {out} --target T "
+        f"--force` (calibrates on built-in training data) or run `{finetune}`"
+    )
 
 
 def _head_vs_target(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> dict[str, float]:
@@ -470,6 +530,8 @@ def _write_output(
             "rank_rule": report.rank_rule,
             "svd_method": report.svd_method,
             "full_vocab": report.full_vocab,
+            "calibrated": bool(report.calibration),
+            "head_is_embedding": report.head_is_embedding,
             "load_report": {k: v for k, v in res.report.to_dict().items() if k != "config"},
         }
         atomic_write_json(tmp / CONFIG_NAME, config)

@@ -23,20 +23,22 @@ def load_generation_models(target: str | Path, drafter: str | Path | None, gcfg:
     Args:
         target: HF folder, ``.gguf`` file or hub id.
         drafter: drafter folder (any EAGLE-3 layout); None or ``"none"`` for the target alone.
-        gcfg: dtype and rerank (``gcfg.rerank`` > 0 rescores a low-rank head's top-k exactly).
+        gcfg: device, dtype and rerank (``gcfg.rerank`` > 0 rescores a low-rank head's top-k exactly).
 
     Returns:
-        ``(model, tokenizer, drafter or None)``, both models in ``gcfg.dtype``, eval mode.
+        ``(model, tokenizer, drafter or None)``, both models on ``gcfg.device`` in ``gcfg.dtype``
+        (``auto``: bfloat16 on CUDA, float32 on the CPU), eval mode.
 
     Raises:
-        ValueError: ``rerank`` without a low-rank drafter (naming the option and the folder).
+        ValueError: ``rerank`` without a low-rank drafter (naming the option and the folder); cuda
+            asked for without one.
         FileNotFoundError, CheckpointError: unreadable target or drafter.
     """
-    model, tokenizer = load_target(target, gcfg.dtype)
+    model, tokenizer = load_target(target, gcfg.dtype, gcfg.device)
     module: Eagle3Drafter | None = None
     if drafter is not None and str(drafter).lower() != NO_DRAFTER:
         module, _ = load_drafter(drafter, target=model)
-        module.to(model.dtype).eval()  # one dtype for both models (--dtype)
+        module.to(device=model.device, dtype=model.dtype).eval()  # one device and dtype for both models
         if gcfg.rerank:
             try:
                 module.enable_rerank(gcfg.rerank)

@@ -31,7 +31,7 @@ from slimspec_convert.atomic import atomic_write_bytes, atomic_write_json
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.data.examples import build_examples, collate, load_examples
 from slimspec_convert.data.records import read_conversations
-from slimspec_convert.dtypes import check_dtype_name, torch_dtype
+from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import RankCandidate, expected_tau, recommend_rank
 from slimspec_convert.lowrank.svd import lowrank_factorize, spectrum
 from slimspec_convert.measure.acceptance import expected_acceptance_by_head
@@ -76,7 +76,8 @@ class RankSweepConfig:
     max_examples: int = DEFAULT_SWEEP_MAX_EXAMPLES
     max_length: int = DEFAULT_SWEEP_MAX_LENGTH
     batch_size: int = DEFAULT_SWEEP_BATCH_SIZE
-    dtype: str = "float32"
+    dtype: str = AUTO_DTYPE  # bfloat16 on CUDA, float32 on the CPU
+    device: str = "auto"
     warmup: int = DEFAULT_BENCH_WARMUP
     repeats: int = DEFAULT_BENCH_REPEATS
     finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.loop.Trainer)
@@ -101,7 +102,8 @@ class RankSweepConfig:
             raise ValueError(f"RankSweepConfig.max_length={self.max_length}: expected >= 3")
         if self.warmup < 0:
             raise ValueError(f"RankSweepConfig.warmup={self.warmup}: expected >= 0")
-        check_dtype_name("RankSweepConfig", self.dtype)
+        check_run_dtype("RankSweepConfig", self.dtype)
+        check_device_name("RankSweepConfig", self.device)
 
 
 SWEEP_JSON, SWEEP_MD = "rank_sweep.json", "rank_sweep.md"
@@ -185,27 +187,30 @@ def sweep_ranks(
     if kappa is None and kappa_measurement is None:
         raise ValueError("give kappa (--kappa) or a kappa measurement")
     kappa_value = kappa if kappa is not None else kappa_measurement.kappa
-    W = drafter.lm_head.weight.detach()  # [V_d, d]
+    W = drafter.lm_head.weight.detach()  # [V_d, d], on the drafter's device
     V_d, d = W.shape
     ranks = sorted(set(ranks))
-    energy = torch.cumsum(spectrum(W) ** 2, 0)
+    W_host = W.cpu()  # the factorisation is host math (lowrank/), done once per sweep
+    energy = torch.cumsum(spectrum(W_host) ** 2, 0)
     energy = energy / energy[-1]  # [min(V_d, d)] float64, retained energy at rank i + 1
-    fac = lowrank_factorize(W.float(), ranks[-1])
+    fac = lowrank_factorize(W_host.float(), ranks[-1])
     heads: dict[str, nn.Module] = {"full": drafter.lm_head}
     for r in ranks:
         head = LowRankHead(d, V_d, r, dtype=W.dtype)
         with torch.no_grad():  # the leading r directions of the rank-max factorisation are the rank-r one
             head.up.weight.copy_(fac.W_up[:, :r])
             head.down.weight.copy_(fac.W_down[:r])
-        heads[str(r)] = head.eval()
+        heads[str(r)] = head.to(W.device).eval()
     tuned = tune({str(r): heads[str(r)] for r in ranks}) if tune is not None else {}
     acc = expected_acceptance_by_head(
         drafter, target_model, batches, {**heads, **{f"{n}+ft": h for n, h in tuned.items()}}
     )
     svd_acc = {n: acc[n].expected_acceptance for n in heads}
     acc.update({n: acc.pop(f"{n}+ft") for n in tuned})  # the tuned head's acceptance is the one used
-    x = torch.randn(1, d, dtype=W.dtype, generator=torch.Generator().manual_seed(0))  # [1, d]
-    head_ms = time_module_calls(heads, x, warmup=cfg.warmup, repeats=cfg.repeats)  # same shapes when tuned
+    x = torch.randn(1, d, dtype=W.dtype, generator=torch.Generator().manual_seed(0)).to(W.device)  # [1, d]
+    head_ms = time_module_calls(  # same shapes when tuned
+        heads, x, warmup=cfg.warmup, repeats=cfg.repeats, device=W.device
+    )
     k = cfg.num_draft_tokens
     tau = {n: expected_tau(min(1.0, a.expected_acceptance), k) for n, a in acc.items()}
     rec = recommend_rank(
@@ -374,9 +379,9 @@ def rank_sweep(
         raise FileExistsError(f"{out}: holds rank-sweep results; pass --force to overwrite")
     if not Path(drafter_path).is_dir():
         raise FileNotFoundError(f"{drafter_path}: drafter folder not found")
-    dtype = torch_dtype(cfg.dtype)
-    model, tokenizer = load_target(target, dtype)
-    drafter = load_drafter_with_target_embeddings(drafter_path, model).to(dtype).eval()
+    model, tokenizer = load_target(target, cfg.dtype, cfg.device)
+    drafter = load_drafter_with_target_embeddings(drafter_path, model)
+    drafter = drafter.to(device=model.device, dtype=model.dtype).eval()
     ranks = resolve_ranks(cfg.ranks, drafter.config.hidden_size)
     examples, batches = load_eval_batches(data, tokenizer, cfg)
     tune = None

@@ -42,8 +42,11 @@ def main_job(smollm2_path, tmp_path_factory):
     code, _ = load_examples(tok, [train / "gpteacher" / "codegen-instruct.json"], cfg.max_length)
     examples = [e for pair in zip(math[:120], code[:120], strict=True) for e in pair]  # the prompts mix both
     calibration = head_input_moment(full, model, examples[208:240], pad_id=tok.pad_token_id)
-    report = convert(DRAFTER, tmp_path / "r72", ConvertConfig(), calibration=calibration)
-    assert report.rank == 72  # d/8 for d = 576
+    # the target lets convert record that the demo head is SmolLM2's tied embedding (the rerank needs it)
+    report = convert(
+        DRAFTER, tmp_path / "r72", ConvertConfig(target=str(smollm2_path)), calibration=calibration
+    )
+    assert report.rank == 72 and report.head_is_embedding is True  # d/8 for d = 576
     assert report.calibration["logit_relative_error"] < report.calibration["svd_logit_relative_error"]
     low, _ = load_drafter(tmp_path / "r72", target=model)
     low = low.float()

@@ -6,7 +6,7 @@ import cannot hide an upward arrow or a cycle. The layers, bottom to top:
 ======  ==============================================================================
 rank    modules
 ======  ==============================================================================
-0       ``slimspec_convert.{version, dtypes, atomic}``
+0       ``slimspec_convert.{version, dtypes, devices, atomic}``
 1       ``slimspec_convert.lowrank``: the paper's math
 2       ``slimspec_convert.target``: the verifier model
 3       ``slimspec_convert.model``: nn.Modules of the drafter
@@ -33,7 +33,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("slimspec_convert", "finetune")
 LAYERS = (
-    ("slimspec_convert.version", "slimspec_convert.dtypes", "slimspec_convert.atomic"),
+    (
+        "slimspec_convert.version",
+        "slimspec_convert.dtypes",
+        "slimspec_convert.devices",
+        "slimspec_convert.atomic",
+    ),
     ("slimspec_convert.lowrank",),
     ("slimspec_convert.target",),
     ("slimspec_convert.model",),

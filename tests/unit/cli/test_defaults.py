@@ -103,7 +103,7 @@ def test_finetune_and_train_drafter_pass_their_options_to_the_config(monkeypatch
     monkeypatch.setattr(cli_train, "run_train_drafter", fake_train)
     common = ["--target", "t", "--data", "d.jsonl", "--out", str(tmp_path / "o"), "--steps", "2"]
     common += ["--lr", "0.002", "--ttt-steps", "2", "--batch-size", "3", "--max-length", "48"]
-    common += ["--warmup-steps", "0", "--seed", "3"]
+    common += ["--warmup-steps", "0", "--seed", "3", "--device", "cpu", "--dtype", "bf16"]
     runner = CliRunner()
     assert runner.invoke(app, ["train-drafter", *common, "--train", "body"]).exit_code == 0
     assert runner.invoke(app, ["finetune", *common, "--drafter", "x"]).exit_code == 0
@@ -111,6 +111,7 @@ def test_finetune_and_train_drafter_pass_their_options_to_the_config(monkeypatch
         cfg = seen[key]
         assert (cfg.steps, cfg.lr, cfg.ttt_steps, cfg.batch_size) == (2, 0.002, 2, 3)
         assert (cfg.max_length, cfg.warmup_steps, cfg.seed, cfg.train) == (48, 0, 3, train)
+        assert (cfg.device, cfg.dtype) == ("cpu", "bf16")
 
 
 def test_train_drafter_defaults_train_every_parameter():
@@ -125,3 +126,70 @@ class _Done:
 
     def to_dict(self) -> dict:
         return {}
+
+
+def test_device_and_dtype_default_to_auto_on_every_command_that_runs_a_model():
+    """auto: cuda when available, bf16 there, float32 on the CPU (devices.resolve_dtype)."""
+    for owner in (GenerateConfig, BenchE2EConfig, RankSweepConfig, FinetuneConfig):
+        assert (
+            owner.__dataclass_fields__["device"].default,
+            owner.__dataclass_fields__["dtype"].default,
+        ) == (
+            "auto",
+            "auto",
+        ), owner.__name__
+    assert (ConvertConfig().device, ConvertConfig().calibration_dtype, ConvertConfig().calibrate) == (
+        "auto",
+        "auto",
+        True,
+    )
+    for path in [
+        ("convert",),
+        ("generate",),
+        ("finetune",),
+        ("train-drafter",),
+        ("rank-sweep",),
+        ("bench", "e2e"),
+    ]:
+        assert "device" in {p.name for p in _command(path).params}, path
+
+
+def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(monkeypatch, tmp_path):
+    import slimspec_convert.cli.convert as cli_convert
+    import slimspec_convert.cli.generate as cli_generate
+
+    seen = {}
+
+    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg):
+        seen["generate"] = gcfg
+        return []
+
+    def fake_convert(src, out, cfg):
+        seen["convert"] = cfg
+        return _Report()
+
+    monkeypatch.setattr(cli_generate, "generate_from_paths", fake_generate)
+    monkeypatch.setattr(cli_convert, "convert_checkpoint", fake_convert)
+    runner = CliRunner()
+    args = ["generate", "--target", "t", "--drafter", "none", "--prompt", "hi", "--device", "cuda:1"]
+    assert runner.invoke(app, [*args, "--dtype", "fp16", "--json"]).exit_code == 0
+    assert (seen["generate"].device, seen["generate"].dtype) == ("cuda:1", "fp16")
+    args = ["convert", "src", str(tmp_path / "o"), "--target", "t", "--no-calibration", "--device", "cpu"]
+    res = runner.invoke(app, [*args, "--calibration-dtype", "bf16"])
+    assert res.exit_code == 0, res.output
+    cfg = seen["convert"]
+    assert (cfg.calibrate, cfg.device, cfg.calibration_dtype, cfg.target) == (False, "cpu", "bf16", "t")
+    assert res.stderr == "warning: check the head\n"  # the report's warnings go to stderr, one line each
+    bad = runner.invoke(
+        app, ["generate", "--target", "t", "--drafter", "none", "--prompt", "x", "--device", "gpu"]
+    )
+    assert (
+        bad.exit_code == 2 and "GenerateConfig.device='gpu': expected auto, cpu, cuda or cuda:N" in bad.output
+    )
+
+
+class _Report:
+    warnings = ["check the head"]
+
+    def summary(self) -> str:
+        return "converted"

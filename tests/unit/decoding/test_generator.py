@@ -365,3 +365,14 @@ def test_nonfinite_logits_stop_decoding_naming_the_stage(prompts16, stage):
         NonFiniteDecodeError, match=f"NaN/inf in the {stage} output while decoding in float32"
     ):
         run(target, drafter, prompts16[:1], CHAIN, max_new_tokens=4)
+
+
+def test_a_drafter_on_another_device_than_the_target_is_refused():
+    """One device for both models: a drafter left on another device fails at construction, naming both."""
+    drafter = tiny_drafter(**HEADS["dense"]).to("meta")  # "meta": another device without a GPU
+    with pytest.raises(
+        ValueError, match=r"the drafter is on meta but the target on cpu; move both to one device"
+    ):
+        SpeculativeGenerator(
+            tiny_target(vocab_size=V), None, drafter, CHAIN, SamplingConfig(max_new_tokens=4)
+        )

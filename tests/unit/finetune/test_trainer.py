@@ -262,3 +262,12 @@ def test_nonfinite_loss_stops_before_the_update(tmp_path):
     ):
         trainer.evaluate()
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_trainer_refuses_a_drafter_and_target_on_different_devices(tmp_path):
+    examples, pad = _examples(4)
+    drafter = tiny_drafter(seed=1).to("meta")  # "meta": another device without a GPU
+    with pytest.raises(
+        ValueError, match="the drafter is on meta but the target on cpu; put both on one device"
+    ):
+        Trainer(drafter, tiny_target(), AUX, examples, examples, FinetuneConfig(steps=1), tmp_path, pad)

@@ -8,20 +8,24 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import slimspec_convert.measure.e2e as e2e
+import slimspec_convert.measure.machine as machine
+import slimspec_convert.workflows.bench as bench_workflow
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.cli.app import app
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.lowrank.svd import lowrank_factorize
 from slimspec_convert.measure.e2e import head_kind
+from slimspec_convert.measure.plots import plot_predicted_vs_measured
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.workflows.trim import trim_drafter
 from tests.helpers.models import tiny_drafter, tiny_target
 from tests.helpers.wordlevel import save_tiny_target_folder
 
 
-def _lowrank_copy(drafter: Eagle3Drafter, rank: int) -> Eagle3Drafter:
+def _lowrank_copy(drafter: Eagle3Drafter, rank: int, head_is_embedding: bool | None = None) -> Eagle3Drafter:
     fac = lowrank_factorize(drafter.lm_head.weight.detach(), rank)
-    low = Eagle3Drafter(drafter.config.replace(head_rank=rank))
+    low = Eagle3Drafter(drafter.config.replace(head_rank=rank, head_is_embedding=head_is_embedding))
     state = {k: v for k, v in drafter.state_dict().items() if k != "lm_head.weight"}
     state.update({"lm_head.up.weight": fac.W_up, "lm_head.down.weight": fac.W_down})
     low.load_state_dict(state, strict=True)
@@ -38,13 +42,19 @@ def test_head_kind():
     assert head_kind(tiny_drafter(draft_vocab_size=64)) == "trimmed"
 
 
-def test_cli_bench_e2e(tmp_path):
+def test_cli_bench_e2e(tmp_path, monkeypatch):
     target = save_tiny_target_folder(tmp_path / "target", tiny_target(), ["a", "b", "c", "d", "e", "f"])
     full = tiny_drafter()
     paths = {"full": tmp_path / "full", "low": tmp_path / "low", "trim": tmp_path / "trim"}
     save_drafter(full, paths["full"], include_embeddings=True)
     save_drafter(_lowrank_copy(full, 8), paths["low"], include_embeddings=True)
     save_drafter(trim_drafter(full, torch.arange(128), 64), paths["trim"], include_embeddings=True)
+    tied = tiny_drafter(seed=1)  # its lm_head is its embedding table: what the rerank's rows assume
+    with torch.no_grad():
+        tied.lm_head.weight.copy_(tied.embed_tokens.weight)
+    save_drafter(
+        _lowrank_copy(tied, 8, head_is_embedding=True), tmp_path / "tied-low", include_embeddings=True
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a b c"}\n{"turns": ["d e f a", "ignored second turn"]}\n')
     args = [
@@ -64,7 +74,18 @@ def test_cli_bench_e2e(tmp_path):
     ]
     for name, path in paths.items():
         args += ["--drafter", f"{name}={path}"]
-    res = CliRunner().invoke(app, args + ["--drafter", f"lowrr={paths['low']}", "--rerank", "lowrr=16"])
+    monkeypatch.setattr(e2e, "read_load_1m", lambda: 1000.0)  # a machine far busier than its cores
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    plotted = {}
+
+    def plot(*a, **kw):
+        plotted.update(kw, names=a[0])
+        return plot_predicted_vs_measured(*a, **kw)
+
+    monkeypatch.setattr(bench_workflow, "plot_predicted_vs_measured", plot)
+    res = CliRunner().invoke(
+        app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16"]
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     rows = {r["name"]: r for r in summary["rows"]}
@@ -73,6 +94,10 @@ def test_cli_bench_e2e(tmp_path):
     assert (rows["low"]["rerank_k"], rows["lowrr"]["rerank_k"]) == (0, 16)
     assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
     assert summary["reference"] == "full" and summary["num_prompts"] == 2
+    assert summary["config"]["run_on"] == {
+        "device": "cpu",
+        "dtype": "float32",
+    }  # --dtype/--device auto on a CPU
     # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
     assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
@@ -95,8 +120,24 @@ def test_cli_bench_e2e(tmp_path):
     )
     assert low["measured_rho_tps"] == pytest.approx(low["tokens_per_s"] / ref["tokens_per_s"])
     assert (tmp_path / "out" / "e2e_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    # the plot shows every row against plain decoding (plain = 1.0), beside the cost-model panel
+    assert plotted["speedup_names"] == ["none", "full", "low", "trim", "lowrr"]
+    assert plotted["speedup_vs_plain"] == [rows[n]["speedup"] for n in plotted["speedup_names"]]
+    assert plotted["speedup_vs_plain"][0] == 1.0 and plotted["names"] == ["full", "low", "trim", "lowrr"]
+    assert summary["machine"] == {
+        "load_1m": 1000.0,
+        "cpu_count": 2,
+        "timing_spread": None,
+        "busy": True,
+        "reason": "1-min load average 1000.00 > 2 cores",
+    }
+    assert "warning: busy machine (1-min load average 1000.00 > 2 cores): timings are noisy" in res.stderr
     md = (tmp_path / "out" / "e2e.md").read_text()
     assert "| low | lowrank r=8 V_d=128 |" in md and "| lowrr | lowrank r=8 +rerank k=16 V_d=128 |" in md
+    assert (
+        "batch 1, draft {'method': 'chain', 'depth': 5, 'top_k': 4, 'total_tokens': 16}, cpu float32." in md
+    )
+    assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
@@ -105,3 +146,32 @@ def test_cli_bench_e2e(tmp_path):
     assert bad.exit_code == 2 and "--rerank 'low=many': expected NAME=K with an integer K" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "full=4"])
     assert bad.exit_code == 2 and "--rerank full=4" in bad.output and "needs a low-rank lm_head" in bad.output
+    bad = CliRunner().invoke(app, args + ["--force", "--rerank", "low=4"])  # a random head, not the embedding
+    assert bad.exit_code == 2 and "--rerank low=4" in bad.output and "head_is_embedding unset" in bad.output
+
+
+def test_e2e_plot_draws_speed_relative_to_plain_decoding_for_every_row(tmp_path, monkeypatch):
+    """Bar heights of both panels, read back from the figure (main job numbers, README table)."""
+    import slimspec_convert.measure.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: figures.append(fig) or path)
+    names = ["none", "full", "trim16k", "slimspec", "slimspec-rerank"]
+    speedups = [1.0, 0.429, 0.557, 0.569, 0.621]
+    plot_predicted_vs_measured(
+        names[1:],
+        [1.0, 1.284, 1.276, 1.382],
+        [1.0, 1.299, 1.325, 1.446],
+        tmp_path / "p.png",
+        speedup_names=names,
+        speedup_vs_plain=speedups,
+    )
+    left, right = figures[0].axes
+    assert [b.get_height() for b in left.patches] == speedups
+    assert [t.get_text() for t in left.get_xticklabels()] == names
+    assert left.get_ylabel() == "tokens/s relative to plain decoding"
+    assert [b.get_height() for b in right.patches] == [1.0, 1.284, 1.276, 1.382, 1.0, 1.299, 1.325, 1.446]
+    with pytest.raises(ValueError, match="speedup_names has 2 entries, speedup_vs_plain 1"):
+        plot_predicted_vs_measured(
+            [], [], [], tmp_path / "q.png", speedup_names=["a", "b"], speedup_vs_plain=[1.0]
+        )

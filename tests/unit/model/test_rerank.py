@@ -25,7 +25,7 @@ def _tied_pair(rank: int) -> tuple[Eagle3Drafter, Eagle3Drafter]:
     with torch.no_grad():
         full.lm_head.weight.copy_(full.embed_tokens.weight)
     fac = lowrank_factorize(full.lm_head.weight.detach(), rank)
-    low = Eagle3Drafter(full.config.replace(head_rank=rank))
+    low = Eagle3Drafter(full.config.replace(head_rank=rank, head_is_embedding=True))
     state = {k: v for k, v in full.state_dict().items() if k != "lm_head.weight"}
     state.update({"lm_head.up.weight": fac.W_up, "lm_head.down.weight": fac.W_down})
     low.load_state_dict(state, strict=True)
@@ -82,9 +82,15 @@ def test_rerank_errors():
         head.set_rerank(4, nn.Embedding(V, 16))
     with pytest.raises(ValueError, match="needs a low-rank lm_head"):
         tiny_drafter().enable_rerank(4)
-    trimmed = tiny_drafter(draft_vocab_size=64, head_rank=4)
+    trimmed = tiny_drafter(draft_vocab_size=64, head_rank=4, head_is_embedding=True)
     with pytest.raises(ValueError, match=r"full-vocabulary head \(draft_vocab_size 64 < vocab_size 128\)"):
         trimmed.enable_rerank(4)
+    with pytest.raises(
+        ValueError, match=r"rerank rescores with embed_tokens rows, but the dense head .* is not"
+    ):
+        tiny_drafter(head_rank=4, head_is_embedding=False).enable_rerank(4)
+    with pytest.raises(ValueError, match="head_is_embedding unset"):
+        tiny_drafter(head_rank=4).enable_rerank(4)  # never recorded (not converted by slimspec convert)
 
 
 def _generate(model, drafter, prompts, draft):

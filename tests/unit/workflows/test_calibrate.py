@@ -8,12 +8,14 @@ errors measured directly on the returned factors.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+import slimspec_convert.workflows.convert as convert_module
 from slimspec_convert.cli.app import app
 from slimspec_convert.data.examples import build_examples, collate
 from slimspec_convert.data.records import read_conversations
@@ -21,7 +23,8 @@ from slimspec_convert.lowrank.calibrated import calibrated_factorize
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.target.forward import target_forward
-from slimspec_convert.workflows.calibrate import head_input_moment
+from slimspec_convert.workflows.calibrate import default_calibration_files, head_input_moment
+from slimspec_convert.workflows.convert import ConvertConfig, convert
 from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
 from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
 
@@ -160,3 +163,79 @@ def test_cli_convert_with_calibration_data(tmp_path):
     )
     assert result.exit_code == 2 and "--calibration-data needs --target" in result.output
     assert not other.exists()
+
+
+def _train_slice(root):
+    """data/train-shaped folder holding the first 20 records of the two built-in calibration files."""
+    (root / "gsm8k").mkdir(parents=True)
+    (root / "gpteacher").mkdir()
+    lines = (DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]
+    (root / "gsm8k" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    code = json.loads((DATA / "train" / "gpteacher" / "codegen-instruct.json").read_text())[:20]
+    (root / "gpteacher" / "codegen-instruct.json").write_text(json.dumps(code))
+    return root
+
+
+@pytest.fixture
+def tiny_pair(tmp_path):
+    """A tiny target folder with a tokenizer, and a SpecForge-layout drafter for it."""
+    target = tiny_target()
+    tpath = save_tiny_target(target, tmp_path / "target")
+    tiny_tokenizer().save_pretrained(tpath)
+    drafter = tiny_drafter(seed=6)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return tpath, write_layout(drafter, "specforge", tmp_path / "src")
+
+
+def test_the_built_in_calibration_files_are_committed_training_data(tmp_path):
+    files = default_calibration_files()
+    train = DATA / "train"
+    assert files == (str(train / "gsm8k" / "train.jsonl"), str(train / "gpteacher" / "codegen-instruct.json"))
+    assert all(Path(f).is_file() and "eval" not in Path(f).relative_to(DATA).parts for f in files)
+    with pytest.raises(FileNotFoundError, match="pass --calibration-data FILE .* or --no-calibration"):
+        default_calibration_files(tmp_path / "no-data")
+
+
+def test_convert_with_a_target_calibrates_on_the_built_in_slice_by_default(tiny_pair, tmp_path, monkeypatch):
+    tpath, src = tiny_pair
+    root = _train_slice(tmp_path / "train")
+    monkeypatch.setattr(convert_module, "default_calibration_files", lambda: default_calibration_files(root))
+    report = convert(src, tmp_path / "auto", ConvertConfig(rank=4, target=str(tpath), calibration_samples=8))
+    assert report.svd_method == "calibrated" and report.warnings == []
+    assert (
+        "8 conversations" in report.calibration["source"]
+        and "codegen-instruct.json" in report.calibration["source"]
+    )
+    assert report.calibration["logit_relative_error"] < report.calibration["svd_logit_relative_error"]
+    # the same files given explicitly: the same moment, so the same factors, bit for bit
+    files = default_calibration_files(root)
+    explicit = ConvertConfig(rank=4, target=str(tpath), calibration_samples=8, calibration_data=files)
+    convert(src, tmp_path / "explicit", explicit)
+    a = load_file(str(tmp_path / "auto" / "model.safetensors"))
+    b = load_file(str(tmp_path / "explicit" / "model.safetensors"))
+    assert torch.equal(a["lm_head.up.weight"], b["lm_head.up.weight"])
+    config = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert config["slimspec"]["conversion"]["calibrated"] is True
+
+
+def test_an_uncalibrated_convert_warns_on_stderr_with_the_fix(tiny_pair, tmp_path):
+    tpath, src = tiny_pair
+    runner = CliRunner()
+    res = runner.invoke(app, ["convert", str(src), str(tmp_path / "plain"), "--rank", "4"])
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"warning: {tmp_path / 'plain'}: plain rank-4 SVD, not calibrated"
+    )
+    assert f"slimspec convert {src} {tmp_path / 'plain'} --target T --force" in lines[0]
+    assert f"slimspec finetune --target T --drafter {tmp_path / 'plain'} --data FILE" in lines[0]
+    report = json.loads((tmp_path / "plain" / "slimspec_report.json").read_text())
+    assert report["warnings"] == [lines[0].removeprefix("warning: ")] and report["svd_method"] == "exact"
+    args = ["convert", str(src), str(tmp_path / "opt-out"), "--rank", "4", "--target", str(tpath)]
+    res = runner.invoke(app, [*args, "--no-calibration"])
+    assert res.exit_code == 0, res.output
+    assert "plain rank-4 SVD (--no-calibration)" in res.stderr and "slimspec finetune" in res.stderr
+    assert json.loads((tmp_path / "opt-out" / "slimspec_report.json").read_text())["calibration"] == {}
+    res = runner.invoke(app, [*args, "--no-calibration", "--calibration-data", "x.jsonl"])
+    assert res.exit_code == 2 and "--calibration-data with --no-calibration" in res.output

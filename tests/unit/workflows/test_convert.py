@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from slimspec_convert.atomic import staged_folder
 from slimspec_convert.checkpoint.load import load_drafter, load_native
+from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.checkpoint.weightfiles import CheckpointError
 from slimspec_convert.cli.app import app
 from slimspec_convert.model.vocab import draft_to_target_ids, scatter_to_target_vocab
@@ -121,7 +123,8 @@ def test_rank_rules_dtype_and_randomized(source, tmp_path):
 
 def test_full_vocab_head(source, target, tmp_path):
     drafter, src = source
-    rep = convert(src, tmp_path / "out", ConvertConfig(rank=32, target=str(target[1]), full_vocab=True))
+    cfg = ConvertConfig(rank=32, target=str(target[1]), full_vocab=True, calibrate=False)  # the plain SVD
+    rep = convert(src, tmp_path / "out", cfg)
     assert (rep.vocab_size, rep.target_rows_added, rep.full_vocab) == (128, 64, True)
     out = read_tensors(tmp_path / "out")
     assert "d2t" not in out and "t2d" not in out and out["lm_head.up.weight"].shape == (128, 32)
@@ -257,3 +260,71 @@ def test_cli_bad_checkpoint_exit_2(source, tmp_path):
         assert result.exit_code == 2
         assert "config.json: missing field 'num_attention_heads'" in result.output
     _nothing_written(tmp_path)
+
+
+# ---- the rerank's precondition: was the dense head the embedding? ---------------------------------
+
+
+def _tied(target_model, tie: bool = True):
+    """An untrimmed drafter whose embedding is the target's and whose head is that table (or random)."""
+    drafter = tiny_drafter(seed=5)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight)
+        if tie:
+            drafter.lm_head.weight.copy_(drafter.embed_tokens.weight)
+    return drafter
+
+
+def test_convert_records_whether_the_head_was_the_embedding_and_rerank_follows_it(target, tmp_path):
+    model, tpath = target
+    tied = write_layout(_tied(model), "specforge", tmp_path / "tied", with_embed=True)
+    rep = convert(tied, tmp_path / "tied-r4", ConvertConfig(rank=4))
+    assert rep.head_is_embedding is True and "yes (--rerank serves it)" in rep.summary()
+    config = json.loads((tmp_path / "tied-r4" / "config.json").read_text())["slimspec"]
+    assert config["drafter_config"]["head_is_embedding"] is True and config["conversion"]["head_is_embedding"]
+    low, _ = load_drafter(tmp_path / "tied-r4")
+    low.eval().enable_rerank(128)  # k = V: every row rescored exactly, so the dense tied head comes back
+    h = torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(low.lm_head(h), h @ model.get_input_embeddings().weight.T, atol=1e-5)
+    save_drafter(low, tmp_path / "tuned")  # what finetune writes: the record travels with the config
+    assert load_drafter(tmp_path / "tuned", tpath)[0].config.head_is_embedding is True
+
+    untied = write_layout(_tied(model, tie=False), "specforge", tmp_path / "untied", with_embed=True)
+    assert convert(untied, tmp_path / "untied-r4", ConvertConfig(rank=4)).head_is_embedding is False
+    with pytest.raises(ValueError, match=r"not the embedding table \(head_is_embedding = false"):
+        load_drafter(tmp_path / "untied-r4")[0].enable_rerank(8)
+
+    no_embed = write_layout(_tied(model), "specforge", tmp_path / "no-embed")  # embed_tokens not in the file
+    rep = convert(no_embed, tmp_path / "unknown", ConvertConfig(rank=4))
+    assert rep.head_is_embedding is None and "unknown (no --target)" in rep.summary()
+    with pytest.raises(ValueError, match=r"head_is_embedding unset.*slimspec convert SRC OUT --target T"):
+        load_drafter(tmp_path / "unknown", tpath)[0].enable_rerank(8)
+    with_target = ConvertConfig(rank=4, target=str(tpath), calibrate=False)  # the target lends its embedding
+    assert convert(no_embed, tmp_path / "known", with_target).head_is_embedding is True
+
+
+# ---- output modes follow the umask, as cp and save_pretrained ---------------------------------------
+
+
+@pytest.mark.parametrize("umask,dir_mode,file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_outputs_follow_the_umask(source, tmp_path, umask, dir_mode, file_mode):
+    """mkstemp/mkdtemp alone would give 0600/0700 whatever the umask; atomic.py widens them."""
+    import os
+    import stat
+
+    drafter, src = source
+    old = os.umask(umask)
+    try:
+        convert(src, tmp_path / "out", ConvertConfig(rank=4))
+        save_drafter(drafter, tmp_path / "saved")  # finetune / trim write through this
+        with staged_folder(
+            tmp_path / "cached"
+        ) as build:  # fetch-smollm2: save_pretrained writes 0600 weights
+            tiny_target().save_pretrained(build)
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "out", tmp_path / "saved", tmp_path / "cached"):
+        assert stat.S_IMODE(folder.stat().st_mode) == dir_mode, folder
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+        assert modes and set(modes.values()) == {file_mode}, modes

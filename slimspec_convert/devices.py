@@ -1,0 +1,101 @@
+"""The one device choice: names users type (``auto``, ``cpu``, ``cuda``, ``cuda:N``) -> torch devices,
+the default dtype of a model run on that device, and clocks that are honest on CUDA.
+
+``auto`` picks CUDA when torch sees a GPU, else the CPU. A model run (``generate``, ``bench e2e``,
+``finetune``, the calibration pass of ``convert``, ``rank-sweep``) takes ``dtype='auto'``: bfloat16
+on CUDA, float32 on the CPU (unchanged from before devices were a choice). CUDA kernels run
+asynchronously, so a stage timer that reads the host clock must synchronise first
+(:func:`clock_ms`); on the CPU that is a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from slimspec_convert.dtypes import DTYPES, torch_dtype
+
+DEVICE_NAMES = ("auto", "cpu", "cuda")  # plus "cuda:N"
+
+
+AUTO_DTYPE = "auto"  # bfloat16 on CUDA, float32 on the CPU
+
+
+def check_device_name(owner: str, device: str) -> None:
+    """Raise unless ``device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (availability is checked later).
+
+    Args:
+        owner: what holds the value, for the message (e.g. ``"GenerateConfig"``).
+        device: the name given.
+
+    Raises:
+        ValueError: ``{owner}.device=...: expected auto, cpu, cuda or cuda:N``.
+    """
+    index = device.partition(":")[2] if device.startswith("cuda:") else None
+    if device not in DEVICE_NAMES and not (index is not None and index.isdigit()):
+        raise ValueError(f"{owner}.device={device!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def check_run_dtype(owner: str, dtype: str) -> None:
+    """Raise unless ``dtype`` is ``auto`` or a name in :data:`~slimspec_convert.dtypes.DTYPES`.
+
+    Raises:
+        ValueError: ``{owner}.dtype=...: expected auto or one of [...]``.
+    """
+    if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        raise ValueError(f"{owner}.dtype={dtype!r}: expected auto or one of {sorted(DTYPES)}")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``auto`` (or None) -> cuda when available, else cpu; ``cpu``, ``cuda``, ``cuda:N`` as given.
+
+    Raises:
+        ValueError: cuda asked for but not available, or an unknown name.
+    """
+    if isinstance(device, torch.device):
+        return device
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device_name("device", device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; use --device cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype a model runs in: ``auto`` (or None) -> bfloat16 on CUDA, float32 on the CPU.
+
+    Args:
+        dtype: ``auto``, None, a name in :data:`~slimspec_convert.dtypes.DTYPES` or a torch dtype.
+        device: where the model runs (a resolved device).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if dtype is None or dtype == AUTO_DTYPE:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch_dtype(dtype)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued kernels (CUDA); nothing on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock_ms(device: torch.device | str) -> float:
+    """Host clock in milliseconds after the device's queued work is done (``perf_counter``).
+
+    The difference of two readings is the wall time of the work issued between them, on CUDA too
+    (there an unsynchronised reading would time the kernel launches, not the kernels).
+    """
+    synchronize(device)
+    return time.perf_counter() * 1e3
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter (cpu for a module without parameters)."""
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,38 @@
+"""``load_target`` places the model: device and dtype from the one device choice (``auto`` dtype is
+float32 on the CPU, so CPU runs are unchanged), weights identical to the saved folder's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimspec_convert.target.load import load_target
+from tests.helpers.models import tiny_target
+from tests.helpers.wordlevel import save_tiny_target_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_target_folder(tmp_path_factory.mktemp("target"), tiny_target(seed=4), ["a", "b"])
+
+
+def test_auto_dtype_on_the_cpu_is_float32_and_the_weights_are_the_saved_ones(folder):
+    model, tok = load_target(folder, "auto", "cpu")
+    ref = tiny_target(seed=4)
+    assert next(model.parameters()).device == torch.device("cpu")
+    assert model.dtype is torch.float32 and not model.training
+    assert torch.equal(model.get_input_embeddings().weight, ref.get_input_embeddings().weight)
+    assert tok.pad_token_id == 0
+
+
+def test_explicit_dtype_and_default_device(folder):
+    model, _ = load_target(folder, "bf16")  # device defaults to the CPU
+    assert model.dtype is torch.bfloat16 and next(model.parameters()).device.type == "cpu"
+    ref = tiny_target(seed=4).get_input_embeddings().weight.to(torch.bfloat16)
+    assert torch.equal(model.get_input_embeddings().weight, ref)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_with_the_fix(folder):
+    with pytest.raises(ValueError, match="use --device cpu"):
+        load_target(folder, "auto", "cuda")
