@@ -31,8 +31,10 @@ echo "== 3/5 static vocabulary trimming baseline (16k)"
 slimspec trim "$DRAFTER" "$OUT/trim16k" --draft-vocab-size 16384 --data "$TRAIN_DATA" \
   --data data/train/gpteacher/codegen-instruct.json --target "$TARGET" --force
 
-echo "== 4/5 recovery fine-tune ($FT_STEPS steps, head only)"
-slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" --data "$TRAIN_DATA" \
+echo "== 4/5 recovery fine-tune ($FT_STEPS steps, head only, on the files' own answers)"
+# --data-source human: the recipe the README's main-job table was measured with (the on-policy
+# default distils 400 answers first, about 6 more minutes on 2 cores; see README "Fine-tuning")
+slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" --data "$TRAIN_DATA" --data-source human \
   --data data/train/gpteacher/codegen-instruct.json --out "$OUT/slimspec-r72-ft" \
   --steps "$FT_STEPS" --train head --lr 2e-3 --ttt-steps 3 --batch-size 4 --max-length 256 \
   --eval-every "$FT_STEPS" --eval-batches 2 --save-every 10 --warmup-steps 10 --force
