@@ -1,0 +1,63 @@
+"""Held-out generation tau (greedy chain-k, real speculative decoding) beside the on-policy prediction.
+
+Held-out prompts: the last 5 Self-Instruct user-oriented instructions, the last 5 OASST
+prompt-lottery prompts and the last 2 GSM8K training questions; none is in the distilled training
+file (the first 200 / 64 / 64 of its sources) and none is an evaluation prompt.
+Usage: python examples/onpolicy_tau.py DEPTH OUT.json NAME=PATH[:RERANK_K] ...
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.data.distill import read_prompts
+from slimspec_convert.measure.chain_acceptance import (
+    build_onpolicy_eval,
+    chain_acceptance,
+    measured_chain_tau,
+)
+from slimspec_convert.target.fetch import get_smollm2
+from slimspec_convert.target.forward import resolve_aux_layers
+from slimspec_convert.target.load import load_target
+
+torch.set_num_threads(2)
+depth, out = int(sys.argv[1]), sys.argv[2]
+model, tok = load_target(get_smollm2(), "float32")
+recs = (
+    read_prompts(["data/train/self_instruct/user_oriented_instructions.jsonl"])[-5:]
+    + read_prompts(["data/train/oasst/prompt_lottery_en_250_text.jsonl"])[-5:]
+    + read_prompts(["data/train/gsm8k/train.jsonl"])[-2:]
+)
+prompts = [r.messages[-1][1] for r in recs]
+ev, rows = None, []
+for spec in sys.argv[3:]:
+    name, path = spec.split("=", 1)
+    rerank = 0
+    if ":" in path:
+        path, rerank = path.split(":")
+        rerank = int(rerank)
+    d, _ = load_drafter(path, target=model)
+    d = d.float().eval()
+    if ev is None:
+        ev = build_onpolicy_eval(model, tok, prompts, resolve_aux_layers(d.config, model), max_new_tokens=64)
+    if rerank:
+        d.enable_rerank(rerank)
+    t0 = time.time()
+    ca = chain_acceptance(d, ev, depth)
+    meas = measured_chain_tau(model, tok, d, prompts, depth, 64)
+    row = {
+        "name": name,
+        "path": path,
+        "rerank": rerank,
+        "predicted": round(ca.predicted_tau, 4),
+        "measured": round(meas, 4),
+        "pred/meas": round(ca.predicted_tau / meas, 4),
+        "a": [round(x, 3) for x in ca.step_rates],
+        "seconds": round(time.time() - t0),
+    }
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+json.dump({"depth": depth, "num_prompts": len(prompts), "rows": rows}, open(out, "w"), indent=1)
