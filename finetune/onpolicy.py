@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from finetune.config import FinetuneConfig
 from slimspec_convert.checkpoint.load import load_drafter
@@ -120,7 +121,11 @@ def prepare_onpolicy(
         needed = cfg.steps * cfg.batch_size * cfg.grad_accum
         keys = {(r.source, r.line) for r in train_prompts[:needed]}
         dcfg = DistillConfig(max_new_tokens=cfg.distill_new_tokens)
-        distill(model, tokenizer, list(data), out / DISTILLED_NAME, dcfg, only=keys)
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        if rank0:  # one writer; the other ranks read the finished file
+            distill(model, tokenizer, list(data), out / DISTILLED_NAME, dcfg, only=keys)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
         files = [out / DISTILLED_NAME]
     stats = DataStats()
     convs = read_conversations(files, stats)
