@@ -98,6 +98,17 @@ def main() -> None:
         sys.exit(2)
 
 
+def config_fields(cls: type, values: dict, **overrides) -> dict:
+    """The keyword arguments of dataclass ``cls`` among a command's arguments (``locals()``).
+
+    A command's options carry their config field's name (``tests/unit/cli/test_defaults.py`` checks
+    names and defaults), so the config is built by name; ``overrides`` replace values that need a
+    conversion first (a list option -> a tuple field).
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names} | overrides
+
+
 def default(cls: type, name: str):
     """The default of field ``name`` of dataclass ``cls`` (for configs with required fields)."""
     f = cls.__dataclass_fields__[name]

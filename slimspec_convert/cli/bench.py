@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from slimspec_convert.cli.app import apply_threads, bench_app, command, csv_ints, csv_items, default
+from slimspec_convert.cli.app import (
+    apply_threads,
+    bench_app,
+    command,
+    config_fields,
+    csv_ints,
+    csv_items,
+    default,
+)
 from slimspec_convert.measure.e2e import BenchE2EConfig
 from slimspec_convert.measure.head_latency import BenchHeadConfig, HeadBenchRow, bench_head
 from slimspec_convert.measure.machine import MachineState
@@ -51,15 +59,13 @@ def bench_head_cmd(
     """Latency of the full, low-rank and trimmed LM heads (median of interleaved runs, same-run ratios)."""
     apply_threads(threads)
     cfg = BenchHeadConfig(
-        shapes=head_shapes(drafter, hidden_size, vocab_size),
-        ranks=csv_items(ranks, "--ranks"),
-        batch_sizes=csv_ints(batch_sizes, "--batch-sizes"),
-        dtype=dtype,
-        trimmed_rows=trimmed_rows,
-        repeats=repeats,
-        warmup=warmup,
-        budget_s=budget_s,
-        device=device,
+        **config_fields(
+            BenchHeadConfig,
+            locals(),
+            shapes=head_shapes(drafter, hidden_size, vocab_size),
+            ranks=csv_items(ranks, "--ranks"),
+            batch_sizes=csv_ints(batch_sizes, "--batch-sizes"),
+        )
     )
     rows = bench_head(cfg, progress=lambda line: typer.echo(line, err=True))
     _warn_busy([r.machine for r in rows])
@@ -143,14 +149,7 @@ def trim_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Static vocabulary trimming baseline: keep the N most frequent target tokens (EAGLE-3 d2t/t2d)."""
-    cfg = TrimConfig(
-        draft_vocab_size=draft_vocab_size,
-        data=tuple(str(p) for p in data),
-        target=target,
-        max_length=max_length,
-        dtype=dtype,
-        force=force,
-    )
+    cfg = TrimConfig(**config_fields(TrimConfig, locals(), data=tuple(str(p) for p in data)))
     report = trim_checkpoint(src, out, cfg)
     typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())
 
@@ -186,17 +185,12 @@ def rank_sweep_cmd(
     """Sweep ranks: SVD error, held-out acceptance, head latency, predicted rho_TPS; recommend a rank."""
     apply_threads(threads)
     cfg = RankSweepConfig(
-        ranks=csv_items(ranks, "--ranks"),
-        kappa=kappa,
-        num_draft_tokens=num_draft_tokens,
-        max_examples=max_examples,
-        max_length=max_length,
-        dtype=dtype,
-        device=device,
-        repeats=repeats,
-        force=force,
-        finetune_steps=finetune_steps,
-        finetune_data=tuple(str(p) for p in finetune_data or ()),
+        **config_fields(
+            RankSweepConfig,
+            locals(),
+            ranks=csv_items(ranks, "--ranks"),
+            finetune_data=tuple(str(p) for p in finetune_data or ()),
+        )
     )
     result = rank_sweep(target, drafter, [str(p) for p in data], out, cfg)
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else sweep_markdown(result))
@@ -253,16 +247,13 @@ def bench_e2e_cmd(
     """Plain decoding vs each drafter on the same prompts, interleaved: tau, tokens/s, cost model check."""
     apply_threads(threads)
     cfg = BenchE2EConfig(
-        drafters=named_values(drafter, "--drafter"),
-        rerank=named_values(rerank or [], "--rerank", int),
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        draft_method=draft,
-        max_prompts=max_prompts,
-        reference=reference,
-        dtype=dtype,
-        device=device,
-        force=force,
+        **config_fields(
+            BenchE2EConfig,
+            locals(),
+            drafters=named_values(drafter, "--drafter"),
+            rerank=named_values(rerank or [], "--rerank", int),
+            draft_method=draft,
+        )
     )
     result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
     _warn_busy([result.machine])

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from slimspec_convert.checkpoint.load import inspect_drafter
-from slimspec_convert.cli.app import command
+from slimspec_convert.cli.app import command, config_fields
 from slimspec_convert.workflows.convert import ConvertConfig
 from slimspec_convert.workflows.convert import convert as convert_checkpoint
 
@@ -96,22 +96,9 @@ def convert(
     warning on stderr says so.
     """
     cfg = ConvertConfig(
-        rank=rank,
-        rank_fraction=rank_fraction,
-        energy=energy,
-        full_vocab=full_vocab,
-        target=target,
-        dtype=dtype,
-        force=force,
-        svd=svd,
-        svd_niter=svd_niter,
-        norm_output_semantics=norm_output_semantics,
-        calibration_damp=calibration_damp,
-        calibration_data=tuple(str(p) for p in calibration_data or ()),
-        calibration_samples=calibration_samples,
-        calibrate=calibrate,
-        device=device,
-        calibration_dtype=calibration_dtype,
+        **config_fields(
+            ConvertConfig, locals(), calibration_data=tuple(str(p) for p in calibration_data or ())
+        )
     )
     report = convert_checkpoint(src, out, cfg)
     typer.echo(report.to_json() if json_out else report.summary())

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from slimspec_convert.cli.app import apply_threads, command
+from slimspec_convert.cli.app import apply_threads, command, config_fields
 from slimspec_convert.data.distill import DistillConfig
 from slimspec_convert.workflows.distill import distill_files
 
@@ -39,15 +39,6 @@ def distill(
     """Write the target's own answers to the prompts of --data (self-distilled, on-policy training data)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     apply_threads(threads)
-    cfg = DistillConfig(
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        limit=limit,
-        system_prompt=system_prompt,
-        allow_eval_data=allow_eval_data,
-    )
+    cfg = DistillConfig(**config_fields(DistillConfig, locals()))
     report = distill_files(target, data, out, cfg)
     typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())

@@ -18,7 +18,7 @@ import typer
 from finetune.config import FinetuneConfig
 from finetune.run import finetune as run_finetune
 from finetune.run import train_drafter as run_train_drafter
-from slimspec_convert.cli.app import command
+from slimspec_convert.cli.app import command, config_fields
 
 _F, _T = FinetuneConfig(), FinetuneConfig.for_new_drafter()
 
@@ -105,28 +105,7 @@ def finetune(
 ) -> None:
     """Short KL recovery fine-tune of a (low-rank) drafter against the target (training-time test)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = FinetuneConfig(
-        steps=steps,
-        lr=lr,
-        train=train,
-        teacher=teacher,
-        ttt_steps=ttt_steps,
-        ttt_decay=ttt_decay,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        max_length=max_length,
-        eval_every=eval_every,
-        eval_batches=eval_batches,
-        save_every=save_every,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        data_source=data_source,
-        metric_prompts=metric_prompts,
-        metric_depth=metric_depth,
-        measure_prompts=measure_prompts,
-        device=device,
-        dtype=dtype,
-    )
+    cfg = FinetuneConfig(**config_fields(FinetuneConfig, locals()))
     result = run_finetune(
         target,
         drafter,
@@ -178,27 +157,7 @@ def train_drafter(
 ) -> None:
     """Train a new EAGLE-3 drafter for a target (head and embeddings initialised from the target)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = FinetuneConfig.for_new_drafter(
-        steps=steps,
-        lr=lr,
-        train=train,
-        ttt_steps=ttt_steps,
-        ttt_decay=ttt_decay,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        max_length=max_length,
-        eval_every=eval_every,
-        eval_batches=eval_batches,
-        save_every=save_every,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        data_source=data_source,
-        metric_prompts=metric_prompts,
-        metric_depth=metric_depth,
-        measure_prompts=measure_prompts,
-        device=device,
-        dtype=dtype,
-    )
+    cfg = FinetuneConfig.for_new_drafter(**config_fields(FinetuneConfig, locals()))
     result = run_train_drafter(
         target,
         data,

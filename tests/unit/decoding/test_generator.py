@@ -21,43 +21,8 @@ from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.target.cache import new_target_cache
 from slimspec_convert.target.forward import target_forward
-from tests.helpers.models import DATA, tiny_drafter, tiny_target
-
-MT_BENCH = DATA / "eval" / "mt_bench" / "question.jsonl"
-V = 16  # small vocabulary: a random drafter's top-k often holds the target's argmax
-EOS = 2
-HEADS = {
-    "dense": dict(vocab_size=V, draft_vocab_size=V),
-    "trimmed": dict(vocab_size=V, draft_vocab_size=8),  # d2t keeps the even target ids
-    "lowrank": dict(vocab_size=V, draft_vocab_size=V, head_rank=4),
-}
-CHAIN = DraftConfig(method="chain", depth=4)
-TREE = DraftConfig(method="tree", depth=4, top_k=3, total_tokens=10)
-
-
-def mt_bench_ids(n: int, vocab: int, lengths=(5, 11, 3, 8, 14, 6)) -> list[list[int]]:
-    """First turns of MT-Bench as byte ids folded into [3, vocab) (0 pad, 1 bos, 2 eos)."""
-    texts = [t[0] for t in load_prompts(MT_BENCH)][:n]
-    return [
-        [3 + b % (vocab - 3) for b in t.encode()[: lengths[i % len(lengths)]]] for i, t in enumerate(texts)
-    ]
-
-
-def hf_greedy(model, ids: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=EOS, pad_token_id=0
-    )
-    return out[0, len(ids) :].tolist()
-
-
-@pytest.fixture(scope="module")
-def target16():
-    return tiny_target(seed=3, vocab_size=V)
-
-
-@pytest.fixture(scope="module")
-def prompts16():
-    return mt_bench_ids(3, V)
+from tests.helpers.decoding import CHAIN, EOS, HEADS, MT_BENCH, TREE, V, hf_greedy, mt_bench_ids
+from tests.helpers.models import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

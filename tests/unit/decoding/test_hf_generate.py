@@ -19,8 +19,8 @@ from slimspec_convert.decoding.batch import DecodeHooks
 from slimspec_convert.decoding.config import SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.hf_generate import speculative_generate
-from tests.helpers.models import tiny_char_tokenizer, tiny_drafter, tiny_target, tiny_tokenizer
-from tests.unit.decoding.test_generator import CHAIN, EOS, HEADS, TREE, V, mt_bench_ids
+from tests.helpers.decoding import CHAIN, EOS, HEADS, TREE, V
+from tests.helpers.models import tiny_char_tokenizer, tiny_drafter, tiny_tokenizer
 
 GREEDY = dict(max_new_tokens=24, do_sample=False, eos_token_id=EOS, pad_token_id=0)
 
@@ -37,16 +37,6 @@ class Recorder(BaseStreamer):
 
     def end(self):
         self.ended = True
-
-
-@pytest.fixture(scope="module")
-def target16():
-    return tiny_target(seed=3, vocab_size=V)
-
-
-@pytest.fixture(scope="module")
-def prompts16():
-    return mt_bench_ids(3, V)
 
 
 def left_pad(prompts: list[list[int]], pad: int = 0) -> dict:

@@ -128,27 +128,8 @@ def test_bench_head_rows_small_shape():
 def test_cli_bench_head_json():
     res = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "head",
-            "--hidden-size",
-            "64",
-            "--vocab-size",
-            "512",
-            "--ranks",
-            "16",
-            "--batch-sizes",
-            "1",
-            "--dtype",
-            "fp32",
-            "--repeats",
-            "3",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--json",
-        ],
+        "bench head --hidden-size 64 --vocab-size 512 --ranks 16 --batch-sizes 1 --dtype fp32 --repeats 3 "
+        "--threads 1 --device cpu --json".split(),
     )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
@@ -187,23 +168,8 @@ def test_cli_bench_head_drafter_shape(tmp_path):
     save_drafter(tiny_drafter(draft_vocab_size=64), tmp_path / "drafter")
     res = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "head",
-            "--drafter",
-            str(tmp_path / "drafter"),
-            "--ranks",
-            "d/8",
-            "--batch-sizes",
-            "1",
-            "--dtype",
-            "fp32",
-            "--repeats",
-            "3",
-            "--device",
-            "cpu",
-            "--json",
-        ],
+        ["bench", "head", "--drafter", str(tmp_path / "drafter")]
+        + "--ranks d/8 --batch-sizes 1 --dtype fp32 --repeats 3 --device cpu --json".split(),
     )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)

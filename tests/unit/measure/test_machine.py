@@ -40,18 +40,7 @@ def test_assess_machine_names_every_reason():
 
 
 def _bench_head(*extra):
-    args = [
-        "bench",
-        "head",
-        "--hidden-size",
-        "64",
-        "--vocab-size",
-        "512",
-        "--ranks",
-        "16",
-        "--batch-sizes",
-        "1",
-    ]
+    args = "bench head --hidden-size 64 --vocab-size 512 --ranks 16 --batch-sizes 1".split()
     args += ["--dtype", "fp32", "--repeats", "3", "--device", "cpu", "--json", *extra]
     return CliRunner().invoke(app, args)
 

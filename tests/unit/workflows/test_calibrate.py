@@ -136,14 +136,8 @@ def test_head_input_moment_is_the_mean_outer_product_over_every_ttt_step():
     assert torch.allclose(cal.second_moment, h.T @ h / h.shape[0], rtol=1e-5, atol=1e-8)
 
 
-def test_cli_convert_with_calibration_data(tmp_path):
-    target = tiny_target()
-    tpath = save_tiny_target(target, tmp_path / "target")
-    tiny_tokenizer().save_pretrained(tpath)
-    drafter = tiny_drafter(seed=6)
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    src = write_layout(drafter, "specforge", tmp_path / "src")
+def test_cli_convert_with_calibration_data(tmp_path, tiny_pair):
+    tpath, src = tiny_pair
     data = DATA / "train" / "gsm8k" / "train.jsonl"
     runner = CliRunner()
     args = ["convert", str(src), str(tmp_path / "out"), "--rank", "4", "--target", str(tpath)]

@@ -133,6 +133,12 @@ def test_sweep_refuses_lowrank_head():
         sweep_ranks(tiny_drafter(head_rank=4), None, [], [2], RankSweepConfig(), kappa=0.2)
 
 
+def _sweep_args(target, drafter, data, out) -> list[str]:
+    """``slimspec rank-sweep`` on the given files, 3 timing repeats, JSON output."""
+    args = ["rank-sweep", "--target", str(target), "--drafter", str(drafter), "--data", str(data)]
+    return args + ["--out", str(out), "--repeats", "3", "--json"]
+
+
 def test_cli_rank_sweep(tmp_path):
     words = ["a", "b", "c", "d", "e", "f"]
     target = save_tiny_target_folder(tmp_path / "target", tiny_target(), words)
@@ -153,22 +159,7 @@ def test_cli_rank_sweep(tmp_path):
             ]
         )
     )
-    args = [
-        "rank-sweep",
-        "--target",
-        str(target),
-        "--drafter",
-        str(tmp_path / "drafter"),
-        "--data",
-        str(data),
-        "--out",
-        str(tmp_path / "out"),
-        "--ranks",
-        "d/8,d/2,32",
-        "--repeats",
-        "3",
-        "--json",
-    ]
+    args = _sweep_args(target, tmp_path / "drafter", data, tmp_path / "out") + "--ranks d/8,d/2,32".split()
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -207,28 +198,8 @@ def test_cli_rank_sweep_with_head_finetune(tmp_path):
     save_drafter(tiny_drafter(), tmp_path / "drafter", include_embeddings=True)
     train = _random_conversations(tmp_path / "train.jsonl", 16, 24, seed=0)
     heldout = _random_conversations(tmp_path / "heldout.jsonl", 4, 24, seed=1)
-    args = [
-        "rank-sweep",
-        "--target",
-        str(target),
-        "--drafter",
-        str(tmp_path / "drafter"),
-        "--data",
-        str(heldout),
-        "--out",
-        str(tmp_path / "out"),
-        "--ranks",
-        "4",
-        "--kappa",
-        "0.3",
-        "--repeats",
-        "3",
-        "--finetune-steps",
-        "3",
-        "--finetune-data",
-        str(train),
-        "--json",
-    ]
+    args = _sweep_args(target, tmp_path / "drafter", heldout, tmp_path / "out")
+    args += ["--ranks", "4", "--kappa", "0.3", "--finetune-steps", "3", "--finetune-data", str(train)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -238,5 +209,9 @@ def test_cli_rank_sweep_with_head_finetune(tmp_path):
     # Three KL steps on the head raise held-out acceptance above the SVD initialisation (seeded case).
     assert r4["expected_acceptance"] > r4["expected_acceptance_svd"]
     assert (tmp_path / "out" / "finetune_r4" / "model.safetensors").is_file()
-    res = CliRunner().invoke(app, args[:-5] + ["--finetune-steps", "3"])
+    no_data = _sweep_args(target, tmp_path / "drafter", heldout, tmp_path / "out2") + [
+        "--finetune-steps",
+        "3",
+    ]
+    res = CliRunner().invoke(app, no_data)
     assert res.exit_code == 2 and "needs finetune_data" in res.output
