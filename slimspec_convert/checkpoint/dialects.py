@@ -43,6 +43,7 @@ from slimspec_convert.checkpoint.names import (
     EXTRA_LAYER_PREFIX,
     FC_KEY,
     FIRST_LAYER_PREFIX,
+    HEAD_FROM_TARGET,
     LAYER_KEY_RE,
     LAYERS_PREFIX,
     LM_HEAD_DOWN_KEY,
@@ -258,7 +259,11 @@ def resolve_checkpoint(
         ctx = ConfigContext(config, fmt, where, _map_keys(refs, fmt, 0, 0, 0))
         cfg = native_config(config, where, ctx.tensors)
         result = ConfigResult(
-            cfg, list(cfg.aux_layer_ids or []) or None, cfg.aux_layer_ids_source, None, False
+            cfg,
+            list(cfg.aux_layer_ids or []) or None,
+            cfg.aux_layer_ids_source,
+            None,
+            _native_head_from_target(config, where, ctx.tensors, cfg),
         )
     else:
         flat = flat_config(config, fmt, where)
@@ -365,6 +370,25 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[tuple[int, ...], torc
     return {
         k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items() if not k.startswith("rotary_emb.")
     }
+
+
+def _native_head_from_target(
+    config: dict, where: Path, tensors: dict[str, CanonicalTensor], cfg: DrafterConfig
+) -> bool:
+    """Whether a SlimSpec folder's lm_head is the target's (``slimspec.lm_head_from_target``).
+
+    Raises:
+        CheckpointError: the flag on a low-rank head, or with an ``lm_head.weight`` in the weights.
+    """
+    if not config[SLIMSPEC_SECTION].get(HEAD_FROM_TARGET):
+        return False
+    if cfg.head_rank is not None or LM_HEAD_KEY in tensors:
+        raise CheckpointError(
+            f"{where}: '{SLIMSPEC_SECTION}.{HEAD_FROM_TARGET}' is true, but the weights hold a head "
+            f"({'rank ' + str(cfg.head_rank) if cfg.head_rank is not None else LM_HEAD_KEY}); "
+            "drop the flag or the tensor"
+        )
+    return True
 
 
 def _validate(

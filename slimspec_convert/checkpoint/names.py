@@ -32,6 +32,10 @@ REPORT_NAME = "slimspec_report.json"
 SLIMSPEC_SECTION = "slimspec"
 
 
+# In the slimspec section: the weights hold no lm_head; it is the target's, borrowed at load time.
+HEAD_FROM_TARGET = "lm_head_from_target"
+
+
 EMBED_KEY = "embed_tokens.weight"
 
 

@@ -11,7 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 from slimspec_convert.atomic import atomic_path, atomic_write_json
-from slimspec_convert.checkpoint.names import CONFIG_NAME, EMBED_KEY, SLIMSPEC_SECTION, WEIGHTS_NAME
+from slimspec_convert.checkpoint.names import (
+    CONFIG_NAME,
+    EMBED_KEY,
+    HEAD_FROM_TARGET,
+    LM_HEAD_KEY,
+    SLIMSPEC_SECTION,
+    WEIGHTS_NAME,
+)
 from slimspec_convert.checkpoint.weightfiles import (  # noqa: F401
     CheckpointError,
     TensorRef,
@@ -81,6 +88,7 @@ def save_drafter(
     *,
     dtype: torch.dtype | None = None,
     include_embeddings: bool | None = None,
+    include_head: bool = True,
     extra_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` for a drafter, each file atomically.
@@ -93,6 +101,11 @@ def save_drafter(
             its own table (``config.own_embeddings``, set by the loader when the source file shipped
             one) or its width d differs from the target's dt (the target's table cannot stand in);
             otherwise the reader borrows the target's, which every trainer freezes it to.
+        include_head: store ``lm_head.weight``. False for a dense head that *is* the target's
+            lm_head (a drafter trained with its head frozen at the target's, such as the SmolLM2
+            demo drafter): the file then has no head and the loader borrows the target's, as
+            engines do for head-less EAGLE-3 drafters (eagle3-formats.md P12). The caller vouches
+            for the equality; a low-rank head is always stored.
         extra_config: merged into the ``slimspec`` section (e.g. training provenance).
 
     Returns:
@@ -101,13 +114,24 @@ def save_drafter(
     Raises:
         ValueError: ``include_embeddings=False`` for a drafter whose table cannot be borrowed
             (d != dt): the folder could not be loaded back; NaN/inf in a tensor (after the cast to
-            ``dtype``). Nothing is written then.
+            ``dtype``). Nothing is written then; ``include_head=False`` for a low-rank head or one
+            whose width differs from the target's (d != dt).
     """
     out = Path(out_dir)
     include = _include_embeddings(drafter.config, include_embeddings, out)
+    if not include_head and (
+        drafter.config.head_rank is not None
+        or drafter.config.resolved_target_hidden_size != drafter.config.hidden_size
+    ):
+        raise ValueError(
+            f"{out}: include_head=False needs a dense head as wide as the target's (head_rank="
+            f"{drafter.config.head_rank}, hidden_size={drafter.config.hidden_size}, target_hidden_size="
+            f"{drafter.config.resolved_target_hidden_size}): the target's lm_head could not stand in"
+        )
     state = {}
     for key, value in drafter.state_dict().items():
-        if (key == EMBED_KEY and not include) or key.startswith("rotary_emb."):
+        skip = (key == EMBED_KEY and not include) or (key == LM_HEAD_KEY and not include_head)
+        if skip or key.startswith("rotary_emb."):
             continue
         t = value.detach().cpu()
         if dtype is not None and t.is_floating_point():
@@ -120,6 +144,8 @@ def save_drafter(
     out.mkdir(parents=True, exist_ok=True)
     float_dtype = next(t.dtype for t in state.values() if t.is_floating_point())
     cfg = hf_config_dict(drafter.config.replace(own_embeddings=include), float_dtype)
+    if not include_head:
+        cfg[SLIMSPEC_SECTION][HEAD_FROM_TARGET] = True
     if extra_config:
         cfg[SLIMSPEC_SECTION].update(extra_config)
     with atomic_path(out / WEIGHTS_NAME) as tmp:

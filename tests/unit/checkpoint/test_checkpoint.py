@@ -136,6 +136,32 @@ def test_load_save_load_is_bit_exact(target, tmp_path):
     assert first.fc.weight.dtype == torch.bfloat16
 
 
+def test_head_borrowed_from_the_target_round_trips_and_is_strict(target, tmp_path):
+    drafter = _drafter(target)
+    with torch.no_grad():  # a head frozen at the target's (the SmolLM2 demo drafter's case)
+        drafter.lm_head.weight.copy_(target[0].get_output_embeddings().weight)
+    out = save_drafter(drafter, tmp_path / "nohead", include_head=False)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()
+    config = json.loads((out / "config.json").read_text())
+    assert config["slimspec"]["lm_head_from_target"] is True
+    loaded, report = load_drafter(out, target[1])
+    assert report.borrowed == ["embed_tokens.weight", "lm_head.weight"]
+    assert torch.equal(_logits(loaded), _logits(drafter))
+    with pytest.raises(CheckpointError, match="in the file; pass the target"):
+        load_drafter(out)
+    config["slimspec"]["lm_head_from_target"] = False  # without the flag a missing head is a lost tensor
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['lm_head.weight'\]"):
+        load_drafter(out, target[1])
+    both = save_drafter(drafter, tmp_path / "both", extra_config={"lm_head_from_target": True})
+    with pytest.raises(CheckpointError, match="lm_head_from_target' is true, but the weights hold a head"):
+        load_drafter(both, target[1])
+    with pytest.raises(ValueError, match="include_head=False needs a dense head"):
+        save_drafter(tiny_drafter(head_rank=4), tmp_path / "lowrank", include_head=False)
+    assert not (tmp_path / "lowrank").exists()
+
+
 def test_torchspec_lowrank_head_loads(target, tmp_path):
     drafter = _drafter(target, draft_vocab_size=64, head_rank=8)
     loaded, report = load_drafter(write_layout(drafter, "torchspec", tmp_path / "ts"), target[1])
