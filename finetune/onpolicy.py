@@ -10,7 +10,6 @@ held-out prompts with the initial and the kept drafter (real speculative decodin
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch.distributed as dist
 
 from finetune.config import FinetuneConfig
 from slimspec_convert.checkpoint.load import load_drafter
-from slimspec_convert.data.distill import DistillConfig, distill, read_prompts
+from slimspec_convert.data.distill import DistillConfig, distill, is_distilled, read_prompts
 from slimspec_convert.data.examples import Example, build_examples
 from slimspec_convert.data.records import DataError, DataStats, read_conversations
 from slimspec_convert.measure.chain_acceptance import (
@@ -53,19 +52,6 @@ class OnPolicyData:
     onpolicy: OnPolicyEval
     stats: DataStats
     heldout_prompts: list[str]
-
-
-def _is_distilled(paths: list[str | Path]) -> bool:
-    """True when every file's first record carries distillation provenance (an existing distilled file)."""
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
-        try:
-            if "provenance" not in json.loads(first):
-                return False
-        except (json.JSONDecodeError, TypeError):
-            return False
-    return bool(paths)
 
 
 def _first_user(conv) -> str:
@@ -115,7 +101,7 @@ def prepare_onpolicy(
     else:
         train_prompts, held = _split_prompts(prompts, cfg.metric_prompts, cfg.seed)
     held_texts = [r.messages[-1][1] for r in held]
-    if _is_distilled(list(data)):
+    if is_distilled(list(data)):
         files = list(data)
     else:
         needed = cfg.steps * cfg.batch_size * cfg.grad_accum

@@ -69,12 +69,26 @@ def convert(
         list[Path] | None,
         typer.Option(
             help="training-format file(s) for the calibration (repeatable; needs --target; default: "
-            "64 conversations of data/train GSM8K + GPTeacher codegen)"
+            "64 prompts of data/train GSM8K + GPTeacher codegen)"
         ),
     ] = None,
     calibration_samples: Annotated[
         int, typer.Option(help="conversations drawn from --calibration-data")
     ] = _D.calibration_samples,
+    calibration_source: Annotated[
+        str,
+        typer.Option(
+            help="target: the target answers the drawn prompts (greedy; the text drafting runs on); "
+            "human: the files' own answers (a file written by `slimspec distill` is used as it is)"
+        ),
+    ] = _D.calibration_source,
+    calibration_token_weight: Annotated[
+        float,
+        typer.Option(
+            help="weigh the head's rows by how often their token is the next token in the calibration "
+            "text: w = M * V * p + (1 - M); 0 = every row alike"
+        ),
+    ] = _D.calibration_token_weight,
     calibration_damp: Annotated[
         float, typer.Option(help="damping of the calibration moment, relative to its mean eigenvalue")
     ] = _D.calibration_damp,

@@ -154,6 +154,19 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
     return out
 
 
+def is_distilled(paths: list[str | Path]) -> bool:
+    """True when every file's first record carries distillation provenance (a file :func:`distill` wrote)."""
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        try:
+            if "provenance" not in json.loads(first):
+                return False
+        except (json.JSONDecodeError, TypeError):
+            return False
+    return bool(paths)
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

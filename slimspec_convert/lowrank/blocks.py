@@ -115,15 +115,17 @@ def same_rows(a: Tensor, b: Tensor, block_rows: int = BLOCK_ROWS) -> bool:
     return True
 
 
-def _gram64(w: Tensor) -> tuple[Tensor, float]:
-    """[d, d] float64 Gram matrix W^T W and ||W||_F^2, accumulated over row blocks."""
+def _gram64(w: Tensor, row_weights: Tensor | None = None) -> tuple[Tensor, float]:
+    """[d, d] float64 Gram matrix W^T D W and ||D^1/2 W||_F^2 (D = diag(row_weights), default I),
+    accumulated over row blocks."""
     d = w.shape[1]
     gram = torch.zeros(d, d, dtype=torch.float64)
     total = 0.0
     for start in range(0, w.shape[0], BLOCK_ROWS):
         blk = w[start : start + BLOCK_ROWS].to(torch.float64)  # [<=block, d]
-        gram.addmm_(blk.T, blk)
-        total += float((blk * blk).sum())
+        wblk = blk if row_weights is None else blk * row_weights[start : start + BLOCK_ROWS, None]
+        gram.addmm_(wblk.T, blk)
+        total += float((wblk * blk).sum())
     _raise_if_nonfinite(total, w)
     return gram, total
 

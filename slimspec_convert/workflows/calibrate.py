@@ -7,16 +7,21 @@ minimises the expected logit error rather than the weight error.
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from slimspec_convert.checkpoint.load import load_drafter
-from slimspec_convert.data.examples import Example, collate, load_examples
-from slimspec_convert.lowrank.calibrated import HeadCalibration
+from slimspec_convert.data.distill import DistillConfig, distill, is_distilled, read_prompts
+from slimspec_convert.data.examples import Example, collate, load_examples, token_counts
+from slimspec_convert.lowrank.calibrated import HeadCalibration, token_row_weights
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import ttt_unroll
+from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.target.forward import resolve_aux_layers, target_forward
 from slimspec_convert.target.load import load_target
 
@@ -28,6 +33,13 @@ DEFAULT_CALIBRATION_TTT_STEPS = 3
 
 
 DEFAULT_CALIBRATION_MAX_LENGTH = 256
+
+
+# --calibration-source target: the target answers the sampled prompts (greedy) with at most this many tokens.
+DEFAULT_CALIBRATION_NEW_TOKENS = 192
+
+
+CALIBRATION_SOURCES = ("target", "human")
 
 
 # The built-in calibration set of ``slimspec convert --target T`` without --calibration-data: committed
@@ -129,8 +141,16 @@ def calibrate_from_files(
     seed: int = 0,
     device: str = "cpu",
     dtype: str | None = None,
+    source: str = "target",
+    new_tokens: int = DEFAULT_CALIBRATION_NEW_TOKENS,
 ) -> HeadCalibration:
     """Load the target, the source drafter and ``samples`` random conversations; return the moment.
+
+    With ``source="target"`` (the default) the conversations are the target's own greedy answers
+    to ``samples`` prompts drawn from ``data`` (:func:`~slimspec_convert.data.distill.distill`,
+    in a temporary file), the text the drafter meets in speculative decoding; files that
+    ``slimspec distill`` wrote are used as they are. ``source="human"`` takes the files' own
+    answers.
 
     Args:
         src: source drafter folder (any layout :func:`~slimspec_convert.convert.load_drafter` reads).
@@ -143,6 +163,8 @@ def calibrate_from_files(
         device: where the target and the drafter run (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
         dtype: the target's dtype (``auto``/None: bfloat16 on CUDA, float32 on the CPU); the
             drafter runs in float32 and the moment accumulates in float64 either way.
+        source: ``target`` (the target answers the prompts) or ``human`` (the files' answers).
+        new_tokens: answer length cap with ``source="target"``.
 
     Returns:
         :class:`~slimspec_convert.factorize.HeadCalibration`.
@@ -153,20 +175,54 @@ def calibrate_from_files(
 
     if samples < 1:
         raise ValueError(f"--calibration-samples={samples}: expected >= 1")
+    if source not in CALIBRATION_SOURCES:
+        raise ValueError(f"--calibration-source={source!r}: expected one of {CALIBRATION_SOURCES}")
     model, tok = load_target(target, dtype, device)
     drafter, _ = load_drafter(src, target=model)
-    examples, _ = load_examples(tok, list(data), max_length)
     g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(len(examples), generator=g)[:samples].tolist()
-    chosen = [examples[i] for i in pick]
-    source = f"{len(chosen)} conversations (<= {max_length} tokens, {ttt_steps} TTT steps) of " + ", ".join(
-        map(str, data)
-    )
-    return head_input_moment(
+    names = ", ".join(map(str, data))
+    if source == "target" and not is_distilled(list(data)):
+        prompts = read_prompts(list(data))
+        pick = torch.randperm(len(prompts), generator=g)[:samples].tolist()
+        with tempfile.TemporaryDirectory(prefix="slimspec-calibration-") as tmp:
+            answers = Path(tmp) / "answers.jsonl"
+            keys = {(prompts[i].source, prompts[i].line) for i in pick}
+            distill(model, tok, list(data), answers, DistillConfig(max_new_tokens=new_tokens), only=keys)
+            chosen, _ = load_examples(tok, [answers], max_length)
+        what = f"the target's greedy answers (<= {new_tokens} new tokens) to {len(chosen)} prompts"
+    else:
+        examples, _ = load_examples(tok, list(data), max_length)
+        pick = torch.randperm(len(examples), generator=g)[:samples].tolist()
+        chosen = [examples[i] for i in pick]
+        what = f"{len(chosen)} conversations"
+    moment = head_input_moment(
         drafter.float().to(model.device),
         model,
         chosen,
         pad_id=tok.pad_token_id,
         ttt_steps=ttt_steps,
-        source=source,
+        source=f"{what} (<= {max_length} tokens, {ttt_steps} TTT steps) of {names}",
     )
+    return dataclasses.replace(moment, token_counts=token_counts(chosen, drafter.config.vocab_size))
+
+
+def head_row_weights(
+    calibration: HeadCalibration, rows: int, d2t: Tensor | None, mix: float
+) -> Tensor | None:
+    """Row weights of the head being factorised (see ``lowrank.calibrated.token_row_weights``).
+
+    Args:
+        calibration: with ``token_counts`` [V_t] (None: no weighting).
+        rows: the head's rows (V_t for a full-vocabulary head, V_d for a trimmed one).
+        d2t: [V_d] EAGLE-3 offsets of a trimmed head (row i is target token i + d2t[i]), else None.
+        mix: frequency share of the weights; 0 = unweighted (returns None).
+
+    Returns:
+        [rows] float64 weights, or None.
+    """
+    if calibration.token_counts is None or mix == 0:
+        return None
+    counts = calibration.token_counts
+    if rows != counts.numel():
+        counts = counts[draft_to_target_ids(d2t)]
+    return token_row_weights(counts, mix)

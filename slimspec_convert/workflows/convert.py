@@ -41,6 +41,7 @@ from slimspec_convert.dtypes import DTYPES
 from slimspec_convert.lowrank.blocks import NonFiniteError, count_nonfinite, same_rows
 from slimspec_convert.lowrank.calibrated import (
     DEFAULT_CALIBRATION_DAMP,
+    DEFAULT_TOKEN_WEIGHT,
     HeadCalibration,
     calibrated_factorize,
 )
@@ -53,13 +54,15 @@ from slimspec_convert.lowrank.svd import (
     rank_from_rule,
     spectrum,
 )
-from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.version import __version__
 from slimspec_convert.workflows.calibrate import (
+    CALIBRATION_SOURCES,
     DEFAULT_CALIBRATION_SAMPLES,
     calibrate_from_files,
     default_calibration_files,
+    head_row_weights,
 )
+from slimspec_convert.workflows.head_rows import full_vocab_head, head_vs_target
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,10 @@ class ConvertConfig:
     With none set, the rank is ``hidden_size // DEFAULT_RANK_DIVISOR`` (r = d/8). With a ``target``
     the factors are calibrated (``calibrate``, default on) on ``calibration_data``, or on the
     built-in training slice (:func:`~slimspec_convert.workflows.calibrate.default_calibration_files`)
-    when none is given; ``device`` and ``calibration_dtype`` place that pass (``auto``: cuda when
-    available, bfloat16 there, float32 on the CPU).
+    when none is given, answered by the target itself (``calibration_source="target"``, on-policy:
+    the text speculative decoding runs on) or with the files' own answers (``"human"``);
+    ``device`` and ``calibration_dtype`` place that pass (``auto``: cuda when available, bfloat16
+    there, float32 on the CPU).
     """
 
     rank: int | None = None
@@ -85,8 +90,10 @@ class ConvertConfig:
     svd_niter: int = DEFAULT_RANDOMIZED_NITER
     norm_output_semantics: str = "auto"  # auto | specforge | engine (eagle3-formats.md P7)
     calibration_damp: float = DEFAULT_CALIBRATION_DAMP
+    calibration_token_weight: float = DEFAULT_TOKEN_WEIGHT  # rows weighted by next-token frequency
     calibration_data: tuple[str, ...] = ()  # training-format files; needs target; () = built-in slice
     calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
+    calibration_source: str = "target"  # target: the target answers the prompts (on-policy); human: files'
     calibrate: bool = True  # with a target: fit the factors to real hidden states (--no-calibration)
     device: str = "auto"  # the calibration pass
     calibration_dtype: str = AUTO_DTYPE  # the target's dtype in the calibration pass
@@ -121,8 +128,17 @@ class ConvertConfig:
             )
         check_device_name("ConvertConfig", self.device)
         check_run_dtype("ConvertConfig.calibration_dtype", self.calibration_dtype)
+        if self.calibration_source not in CALIBRATION_SOURCES:
+            raise ValueError(
+                f"ConvertConfig.calibration_source={self.calibration_source!r}: expected one of "
+                f"{CALIBRATION_SOURCES}"
+            )
         if self.calibration_samples < 1:
             raise ValueError(f"ConvertConfig.calibration_samples={self.calibration_samples}: expected >= 1")
+        if not 0 <= self.calibration_token_weight <= 1:
+            raise ValueError(
+                f"ConvertConfig.calibration_token_weight={self.calibration_token_weight}: expected in [0, 1]"
+            )
         if not self.calibration_damp > 0:
             raise ValueError(f"ConvertConfig.calibration_damp={self.calibration_damp}: expected > 0")
         if self.svd_niter < 0:
@@ -327,10 +343,10 @@ def convert(
         head = CanonicalTensor(LM_HEAD_KEY, value=borrow(LM_HEAD_KEY, res, tgt), origin="target lm_head")
     W = head.view()  # [V_d, d], memory-mapped
     notes: list[str] = list(recovered)
-    stats = _head_vs_target(W, res, tgt) if tgt is not None else {}
+    stats = head_vs_target(W, res, tgt) if tgt is not None else {}
     rows_added = 0
     if cfg.full_vocab and dcfg.is_trimmed:
-        W, rows_added = _full_vocab_head(W, res, tgt), dcfg.vocab_size - dcfg.draft_vocab_size
+        W, rows_added = full_vocab_head(W, res, tgt), dcfg.vocab_size - dcfg.draft_vocab_size
     elif cfg.full_vocab:
         notes.append("full_vocab: the head already has every target row; nothing added")
     if calibration is None and cfg.target and cfg.calibrate:  # after the cheap checks: this pass is slow
@@ -341,6 +357,7 @@ def convert(
             samples=cfg.calibration_samples,
             device=cfg.device,
             dtype=cfg.calibration_dtype,
+            source=cfg.calibration_source,
         )
     out_dtype = getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else W.dtype
     d, m = dcfg.hidden_size, min(W.shape)
@@ -365,8 +382,15 @@ def convert(
                 else "default d/8"
             )
         if calibration is not None:
+            d2t = res.tensors[D2T_KEY].load() if dcfg.is_trimmed else None
+            weights = head_row_weights(calibration, int(W.shape[0]), d2t, cfg.calibration_token_weight)
             fac = calibrated_factorize(
-                W, r, calibration.second_moment, damp=cfg.calibration_damp, out_dtype=out_dtype
+                W,
+                r,
+                calibration.second_moment,
+                damp=cfg.calibration_damp,
+                row_weights=weights,
+                out_dtype=out_dtype,
             )
         else:
             fac = lowrank_factorize(
@@ -421,6 +445,7 @@ def convert(
             "rows": calibration.rows,
             "source": calibration.source,
             "damp": cfg.calibration_damp,
+            "token_weight": cfg.calibration_token_weight if calibration.token_counts is not None else 0.0,
             "logit_relative_error": fac.logit_relative_error,
             "svd_logit_relative_error": fac.svd_logit_relative_error,
         }
@@ -462,44 +487,6 @@ def _uncalibrated_warning(src: Path, out: Path, r: int, cfg: ConvertConfig) -> s
         f"SmolLM2 demo drafter at r = 72); reconvert with `slimspec convert {src} {out} --target T "
         f"--force` (calibrates on built-in training data) or run `{finetune}`"
     )
-
-
-def _head_vs_target(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> dict[str, float]:
-    """Mean cosine and norm ratio of drafter head rows against the target rows of the same tokens."""
-    H = tgt.head()
-    if H.shape[1] != W.shape[1] or H.shape[0] != res.config.vocab_size:
-        return {}
-    ids = draft_to_target_ids(res.tensors[D2T_KEY].load()) if res.config.is_trimmed else None
-    cos_sum, ratio_sum = 0.0, 0.0
-    for start in range(0, W.shape[0], 8192):
-        w = W[start : start + 8192].float()  # [<=8192, d]
-        h = (H[ids[start : start + 8192]] if ids is not None else H[start : start + 8192]).float()
-        cos_sum += float(torch.nn.functional.cosine_similarity(w, h, dim=1).sum())
-        ratio_sum += float((w.norm(dim=1) / h.norm(dim=1).clamp_min(1e-12)).sum())
-    return {"mean_cosine": cos_sum / W.shape[0], "mean_norm_ratio": ratio_sum / W.shape[0]}
-
-
-def _full_vocab_head(W: Tensor, res: ResolvedCheckpoint, tgt: TargetTensors) -> Tensor:
-    """[V_t, d]: the target's head with the drafter's rows written at their target ids."""
-    cfg = res.config
-    H = tgt.head()  # [V_t, dt]
-    if H.shape[1] != cfg.hidden_size:
-        raise ValueError(
-            f"full_vocab: target {tgt.description} has hidden size {H.shape[1]} but the drafter has "
-            f"d={cfg.hidden_size}; target head rows only fit a drafter of the same width"
-        )
-    if H.shape[0] != cfg.vocab_size:
-        raise ValueError(
-            f"full_vocab: target {tgt.description} has {H.shape[0]} head rows but the drafter's "
-            f"vocab_size is {cfg.vocab_size}; is it the drafter's target?"
-        )
-    if bad := count_nonfinite(H):
-        raise CheckpointError(f"full_vocab: target {tgt.description}: its lm_head has {bad} NaN/inf entries")
-    full = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=W.dtype)
-    for start in range(0, full.shape[0], 8192):
-        full[start : start + 8192] = H[start : start + 8192]
-    full[draft_to_target_ids(res.tensors[D2T_KEY].load())] = W  # row i + d2t[i] <- drafter row i
-    return full
 
 
 def _output_items(res: ResolvedCheckpoint, new_cfg, W_up: Tensor, W_down: Tensor) -> list[tuple[str, Any]]:

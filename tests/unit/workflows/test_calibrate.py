@@ -17,13 +17,19 @@ from typer.testing import CliRunner
 
 import slimspec_convert.workflows.convert as convert_module
 from slimspec_convert.cli.app import app
+from slimspec_convert.data.distill import DistillConfig, distill, is_distilled
 from slimspec_convert.data.examples import build_examples, collate
 from slimspec_convert.data.records import read_conversations
-from slimspec_convert.lowrank.calibrated import calibrated_factorize
+from slimspec_convert.lowrank.calibrated import calibrated_factorize, token_row_weights
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.target.forward import target_forward
-from slimspec_convert.workflows.calibrate import default_calibration_files, head_input_moment
+from slimspec_convert.target.load import load_target
+from slimspec_convert.workflows.calibrate import (
+    calibrate_from_files,
+    default_calibration_files,
+    head_input_moment,
+)
 from slimspec_convert.workflows.convert import ConvertConfig, convert
 from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
 from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
@@ -75,6 +81,42 @@ def test_calibrated_factors_meet_the_eckart_young_bound_of_w_c_half(damp):
     )
     assert fac.logit_relative_error < fac.svd_logit_relative_error  # strictly, for these spectra
     assert fac.relative_error > plain.relative_error  # it pays in weight space
+
+
+def test_row_weighted_factors_meet_the_eckart_young_bound_of_d_half_w_c_half():
+    g = torch.Generator().manual_seed(4)
+    W = torch.randn(300, 24, generator=g)
+    X = _anisotropic(4000, 24)
+    C = X.T @ X / X.shape[0]
+    counts = torch.randint(0, 50, (300,), generator=g) * (torch.rand(300, generator=g) < 0.2)
+    w = token_row_weights(counts, 0.9)
+    assert w.mean().item() == pytest.approx(1.0) and bool((w > 0.1).all())
+    r, damp = 5, 0.01
+    fac = calibrated_factorize(W, r, C, damp=damp, row_weights=w, out_dtype=torch.float64)
+    half, d_half = _damped_half(C, damp), w.sqrt()[:, None]
+    s = torch.linalg.svdvals(d_half * W.double() @ half)
+    bound = float((s[r:] ** 2).sum().sqrt() / (s**2).sum().sqrt())
+    E = d_half * (W.double() - fac.W_up @ fac.W_down) @ half
+    assert float(torch.linalg.norm(E) / torch.linalg.norm(d_half * W.double() @ half)) == pytest.approx(
+        bound, rel=1e-6
+    )
+    assert fac.logit_relative_error == pytest.approx(bound, rel=1e-6)
+    assert fac.relative_error == pytest.approx(
+        relative_error(W, fac.W_up, fac.W_down), rel=1e-6
+    )  # unweighted
+    unweighted = calibrated_factorize(W, r, C, damp=damp, out_dtype=torch.float64)
+    E_u = d_half * (W.double() - unweighted.W_up @ unweighted.W_down) @ half
+    assert torch.linalg.norm(E) < torch.linalg.norm(E_u)  # the weighted objective is what it minimises
+    ones = calibrated_factorize(W, r, C, damp=damp, row_weights=token_row_weights(counts, 0.0))
+    assert torch.allclose(
+        ones.W_up @ ones.W_down, unweighted.W_up.float() @ unweighted.W_down.float(), atol=1e-5
+    )
+    with pytest.raises(ValueError, match="every weight must be > 0"):
+        calibrated_factorize(W, r, C, row_weights=torch.zeros(300))
+    with pytest.raises(ValueError, match="expected \\[300\\] finite weights"):
+        calibrated_factorize(W, r, C, row_weights=torch.ones(299))
+    with pytest.raises(ValueError, match="mix=1.5"):
+        token_row_weights(counts, 1.5)
 
 
 def test_calibrated_beats_plain_svd_on_held_out_hidden_states():
@@ -147,7 +189,8 @@ def test_cli_convert_with_calibration_data(tmp_path, tiny_pair):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "slimspec_report.json").read_text())
     cal = report["calibration"]
-    assert report["svd_method"] == "calibrated" and cal["rows"] > 0 and "8 conversations" in cal["source"]
+    assert report["svd_method"] == "calibrated" and cal["rows"] > 0
+    assert cal["source"].startswith("the target's greedy answers (<= 192 new tokens) to 8 prompts")
     assert cal["logit_relative_error"] < cal["svd_logit_relative_error"]
     w = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert w["lm_head.up.weight"].shape == (128, 4) and w["lm_head.down.weight"].shape == (4, 32)
@@ -198,10 +241,11 @@ def test_convert_with_a_target_calibrates_on_the_built_in_slice_by_default(tiny_
     report = convert(src, tmp_path / "auto", ConvertConfig(rank=4, target=str(tpath), calibration_samples=8))
     assert report.svd_method == "calibrated" and report.warnings == []
     assert (
-        "8 conversations" in report.calibration["source"]
+        "answers (<= 192 new tokens) to 8 prompts" in report.calibration["source"]
         and "codegen-instruct.json" in report.calibration["source"]
     )
     assert report.calibration["logit_relative_error"] < report.calibration["svd_logit_relative_error"]
+    assert report.calibration["token_weight"] == 0.9  # rows weighted by next-token frequency by default
     # the same files given explicitly: the same moment, so the same factors, bit for bit
     files = default_calibration_files(root)
     explicit = ConvertConfig(rank=4, target=str(tpath), calibration_samples=8, calibration_data=files)
@@ -233,3 +277,26 @@ def test_an_uncalibrated_convert_warns_on_stderr_with_the_fix(tiny_pair, tmp_pat
     assert json.loads((tmp_path / "opt-out" / "slimspec_report.json").read_text())["calibration"] == {}
     res = runner.invoke(app, [*args, "--no-calibration", "--calibration-data", "x.jsonl"])
     assert res.exit_code == 2 and "--calibration-data with --no-calibration" in res.output
+
+
+def test_on_policy_calibration_is_the_moment_of_the_targets_own_answers(tiny_pair, tmp_path):
+    """source='target' equals the moment of a file `distill` wrote (itself equal to plain greedy
+    decoding, tests/unit/data/test_distill.py), and differs from the files' own answers."""
+    tpath, src = tiny_pair
+    prompts = tmp_path / "prompts.jsonl"
+    lines = (DATA / "train" / "gsm8k" / "train.jsonl").read_text().splitlines()[:5]
+    prompts.write_text("\n".join(lines) + "\n")
+    kw = dict(samples=8, device="cpu", new_tokens=12)  # 8 >= 5 prompts: every prompt is used
+    onpolicy = calibrate_from_files(src, tpath, [prompts], **kw)
+    assert onpolicy.source.startswith("the target's greedy answers (<= 12 new tokens) to 5 prompts")
+    model, tok = load_target(str(tpath), "float32")
+    distill(model, tok, [prompts], tmp_path / "answers.jsonl", DistillConfig(max_new_tokens=12))
+    assert is_distilled([tmp_path / "answers.jsonl"])
+    ref = calibrate_from_files(src, tpath, [tmp_path / "answers.jsonl"], **kw)  # used as it is
+    assert ref.source.startswith("5 conversations") and ref.rows == onpolicy.rows
+    # same hidden states, other batches (float32 padding round-off only)
+    assert torch.allclose(onpolicy.second_moment, ref.second_moment, rtol=1e-5, atol=1e-7)
+    human = calibrate_from_files(src, tpath, [prompts], source="human", **kw)
+    assert human.rows != onpolicy.rows
+    with pytest.raises(ValueError, match="--calibration-source='files'"):
+        calibrate_from_files(src, tpath, [prompts], source="files", **kw)
