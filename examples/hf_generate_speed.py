@@ -32,7 +32,7 @@ def load_drafters(model, paths: list[Path], tmp: str) -> dict:
     """name -> drafter in the target's dtype; no paths: the demo drafter, dense and converted to r=72."""
     if not paths:
         demo = REPO / "drafters" / "smollm2-135m-eagle3"
-        convert(demo, Path(tmp) / "r72", ConvertConfig(rank=72))
+        convert(demo, Path(tmp) / "r72", ConvertConfig(rank=72, target=str(get_smollm2())))
         paths = [demo, Path(tmp) / "r72"]
     out = {}
     for path in paths:

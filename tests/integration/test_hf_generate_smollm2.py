@@ -27,7 +27,8 @@ def setup(smollm2_path, tmp_path_factory):
     model, tok = load_target(smollm2_path, "float32")
     tok.padding_side = "left"
     out = tmp_path_factory.mktemp("hf_generate") / "r72"
-    convert(DRAFTER, out, ConvertConfig(rank=72))
+    # plain SVD (no calibration pass); the target lends the head the demo drafter does not store
+    convert(DRAFTER, out, ConvertConfig(rank=72, target=str(smollm2_path), calibrate=False))
     drafter, _ = load_drafter(out, model)  # the loaded target lends its embedding
     drafter = drafter.to(model.dtype).eval()
     assert drafter.config.head_rank == 72
