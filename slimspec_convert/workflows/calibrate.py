@@ -219,10 +219,18 @@ def head_row_weights(
 
     Returns:
         [rows] float64 weights, or None.
+
+    Raises:
+        ValueError: counts that neither match the rows nor map onto them through ``d2t``.
     """
     if calibration.token_counts is None or mix == 0:
         return None
     counts = calibration.token_counts
     if rows != counts.numel():
+        if d2t is None or d2t.numel() != rows:
+            raise ValueError(
+                f"calibration token counts cover {counts.numel()} target tokens, the head has {rows} rows "
+                "and no d2t maps them; pass --calibration-token-weight 0"
+            )
         counts = counts[draft_to_target_ids(d2t)]
     return token_row_weights(counts, mix)

@@ -20,7 +20,7 @@ from slimspec_convert.cli.app import app
 from slimspec_convert.data.distill import DistillConfig, distill, is_distilled
 from slimspec_convert.data.examples import build_examples, collate
 from slimspec_convert.data.records import read_conversations
-from slimspec_convert.lowrank.calibrated import calibrated_factorize, token_row_weights
+from slimspec_convert.lowrank.calibrated import HeadCalibration, calibrated_factorize, token_row_weights
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.target.forward import target_forward
@@ -29,6 +29,7 @@ from slimspec_convert.workflows.calibrate import (
     calibrate_from_files,
     default_calibration_files,
     head_input_moment,
+    head_row_weights,
 )
 from slimspec_convert.workflows.convert import ConvertConfig, convert
 from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
@@ -300,3 +301,15 @@ def test_on_policy_calibration_is_the_moment_of_the_targets_own_answers(tiny_pai
     assert human.rows != onpolicy.rows
     with pytest.raises(ValueError, match="--calibration-source='files'"):
         calibrate_from_files(src, tpath, [prompts], source="files", **kw)
+
+
+def test_head_row_weights_map_trimmed_rows_through_d2t():
+    counts = torch.tensor([5, 0, 3, 0, 1, 0])
+    cal = HeadCalibration(second_moment=torch.eye(2), rows=1, token_counts=counts)
+    assert head_row_weights(cal, 6, None, 0.0) is None  # unweighted
+    full = head_row_weights(cal, 6, None, 1.0)
+    trimmed = head_row_weights(cal, 3, torch.tensor([0, 1, 2]), 1.0)  # rows are target ids 0, 2, 4
+    assert torch.allclose(trimmed, token_row_weights(counts[[0, 2, 4]], 1.0))
+    assert full.shape == (6,) and trimmed.shape == (3,)
+    with pytest.raises(ValueError, match="no d2t maps them"):
+        head_row_weights(cal, 3, None, 1.0)
