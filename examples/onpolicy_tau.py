@@ -1,8 +1,9 @@
 """Held-out generation tau (greedy chain-k, real speculative decoding) beside the on-policy prediction.
 
-Held-out prompts: the last 10 Self-Instruct user-oriented instructions, the last 10 OASST
-prompt-lottery prompts and the last 4 GSM8K training questions; none is in the distilled training
-file (the first 200 / 64 / 64 of its sources) and none is an evaluation prompt.
+Held-out prompts: ``data/heldout/general24.jsonl``, the last 10 Self-Instruct user-oriented
+instructions, the last 10 OASST prompt-lottery prompts and the last 4 GSM8K training questions; no
+distilled training file holds them (``slimspec distill --exclude data/heldout/general24.jsonl``) and
+none is an evaluation prompt.
 Usage: python examples/onpolicy_tau.py DEPTH OUT.json NAME=PATH[:RERANK_K] ...
 """
 
@@ -26,12 +27,7 @@ from slimspec_convert.target.load import load_target
 torch.set_num_threads(2)
 depth, out = int(sys.argv[1]), sys.argv[2]
 model, tok = load_target(get_smollm2(), "float32")
-recs = (
-    read_prompts(["data/train/self_instruct/user_oriented_instructions.jsonl"])[-10:]
-    + read_prompts(["data/train/oasst/prompt_lottery_en_250_text.jsonl"])[-10:]
-    + read_prompts(["data/train/gsm8k/train.jsonl"])[-4:]
-)
-prompts = [r.messages[-1][1] for r in recs]
+prompts = [r.messages[-1][1] for r in read_prompts(["data/heldout/general24.jsonl"])]
 ev, rows = None, []
 for spec in sys.argv[3:]:
     name, path = spec.split("=", 1)

@@ -84,6 +84,32 @@ def test_sampled_distill_is_reproducible_from_its_seed(prompts_file, tmp_path):
     assert answers != [r["messages"][1]["content"] for r in _records(greedy)]  # guard: really sampled
 
 
+def test_shuffle_and_exclude_choose_which_prompts_are_answered(prompts_file, tmp_path):
+    model, tok = tiny_target(), tiny_tokenizer()
+    lines = prompts_file.read_text().splitlines()
+    held = tmp_path / "held.jsonl"
+    held.write_text(lines[1] + "\n" + json.dumps({"prompt": "  " + json.loads(lines[3])["prompt"] + " "}) + "\n")
+    out = tmp_path / "d.jsonl"
+    cfg = DistillConfig(max_new_tokens=4, shuffle=True, seed=3, exclude=(str(held),))
+    report = distill(model, tok, [prompts_file], out, cfg)
+    order = [r["provenance"]["line"] for r in _records(out)]
+    assert (report.num_excluded, report.num_written) == (2, 3)
+    assert sorted(order) == [1, 3, 5]  # lines 2 and 4 held out, whitespace ignored
+    assert order != [1, 3, 5]  # guard: seed 3 really reorders these three
+    again = tmp_path / "e.jsonl"
+    distill(model, tok, [prompts_file], again, cfg)
+    assert [r["provenance"]["line"] for r in _records(again)] == order
+
+
+def test_a_bfloat16_target_makes_other_records(prompts_file, tmp_path):
+    model, tok = tiny_target(), tiny_tokenizer()
+    out = tmp_path / "d.jsonl"
+    distill(model, tok, [prompts_file], out, DistillConfig(max_new_tokens=4, limit=2))
+    report = distill(model.bfloat16(), tok, [prompts_file], out, DistillConfig(max_new_tokens=4, limit=2))
+    assert report.num_written == 2
+    assert [r["provenance"]["decoding"].get("dtype") for r in _records(out)] == [None, None, "bfloat16", "bfloat16"]
+
+
 def test_benchmark_prompts_are_refused_by_file_line_and_benchmark(tmp_path):
     mt_bench = json.loads((DATA / "eval" / "mt_bench" / "question.jsonl").read_text().splitlines()[3])
     path = tmp_path / "mixed.jsonl"
