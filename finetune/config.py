@@ -65,7 +65,7 @@ class FinetuneConfig:
     lora_rank: int = 16
     lora_alpha: int = 32
     num_workers_hint: int = 0
-    bf16_autocast: bool = True  # used only where the hardware supports bf16 (CUDA)
+    bf16_autocast: bool = True  # CUDA: autocast; CPUs with bf16 units: the head products in bf16
     max_eval_fraction: float = 0.05  # held-out share of the data when no --eval-data is given
     data_source: str = "target"  # on-policy: the target answers the prompts of --data (distilled, cached)
     metric_prompts: int = 16  # held-out prompts the target answers for the on-policy chain metric
@@ -75,6 +75,7 @@ class FinetuneConfig:
     distill_new_tokens: int = 256  # answer length cap of the distilled training data
     device: str = "auto"  # cuda when available, else cpu (target and drafter)
     dtype: str = AUTO_DTYPE  # the target's dtype: bfloat16 on CUDA, float32 on the CPU
+    feature_cache: str | None = None  # folder of the target's features, computed once (finetune/train/features.py)
 
     def __post_init__(self) -> None:
         if self.train not in TRAIN_CHOICES:

@@ -99,3 +99,18 @@ def module_device(module: torch.nn.Module) -> torch.device:
     """The device of a module's first parameter (cpu for a module without parameters)."""
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16 flags, Linux).
+
+    There a bf16 matmul of an LM-head shape runs about 3x faster than float32 (oneDNN; measured on
+    this project's 2-core Xeon: [700, 576] x [576, 49152] 0.10 s vs 0.33 s). Elsewhere torch
+    emulates bf16 and it is slower than float32, so callers fall back to float32.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags.split()))

@@ -11,6 +11,9 @@ reference restricted to the subset and whose value differs from the subset KL by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,6 +39,77 @@ def kl_terms(ref_logits: Tensor, draft_logits: Tensor, draft_target_ids: Tensor 
     draft_logp = F.log_softmax(draft_logits.float(), dim=-1)
     ref_p = ref_logp.exp()
     return (ref_p * (ref_logp - draft_logp)).sum(-1)
+
+
+@dataclass
+class ReferenceRows:
+    """Reference distributions at a set of positions, prepared once for several KL evaluations.
+
+    Attributes:
+        probs: [M, V_d] float32 reference probabilities (restricted to the draft rows, not
+            renormalised, as :func:`kl_terms`).
+        neg_entropy: [M] float32 ``sum_i p_i log p_i`` over those rows.
+        mass: [M] float32 ``sum_i p_i`` over those rows (1, or less for a trimmed draft vocabulary).
+        row_of: [B, T] int64 row of each position, -1 where none was prepared.
+    """
+
+    probs: Tensor
+    neg_entropy: Tensor
+    mass: Tensor
+    row_of: Tensor
+
+    def kl(self, b: Tensor, t: Tensor, draft_logits: Tensor) -> Tensor:
+        """``KL(ref || draft)`` per position, as :func:`kl_terms`: [N] float32.
+
+        Args:
+            b, t: [N] int64 batch and time index of each reference row to use.
+            draft_logits: [N, V_d] drafter logits (any float dtype; differentiable).
+
+        Raises:
+            IndexError: a position without a prepared row.
+        """
+        rows = self.row_of[b, t]
+        if bool((rows < 0).any()):
+            raise IndexError("KL asked at a position whose reference row was not prepared")
+        return _RowKL.apply(
+            draft_logits.float(), self.probs.index_select(0, rows), self.neg_entropy[rows], self.mass[rows]
+        )
+
+
+class _RowKL(torch.autograd.Function):
+    """``sum_i p_i (log p_i - log softmax(z)_i)`` with its gradient ``mass * softmax(z) - p`` written
+    out: one fused log-softmax forward whose output is reused by the backward (no autograd graph over
+    [N, V] temporaries), the cross term as a batched dot product."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, p: Tensor, neg_entropy: Tensor, mass: Tensor) -> Tensor:
+        logq = F.log_softmax(z, dim=-1)  # [N, V]
+        ctx.save_for_backward(logq, p, mass)
+        cross = torch.bmm(p.unsqueeze(1), logq.unsqueeze(2)).reshape(-1)  # sum_i p_i log q_i
+        return neg_entropy - cross
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logq, p, mass = ctx.saved_tensors
+        g = logq.exp().mul_((grad * mass)[:, None]).sub_(p * grad[:, None])
+        return g, None, None, None
+
+
+def reference_rows(ref_logits: Tensor, where: Tensor, draft_target_ids: Tensor | None = None) -> ReferenceRows:
+    """Prepare :class:`ReferenceRows` from the reference logits at the True positions of ``where``.
+
+    Args:
+        ref_logits: [M, V_t] logits at ``where.nonzero()`` (row-major order), any float dtype.
+        where: [B, T] bool.
+        draft_target_ids: as :func:`kl_terms`.
+    """
+    ref_logp = F.log_softmax(ref_logits.float(), dim=-1)
+    if draft_target_ids is not None:
+        ref_logp = ref_logp.index_select(-1, draft_target_ids)
+    probs = ref_logp.exp()
+    row_of = torch.full(where.shape, -1, dtype=torch.int64, device=where.device)
+    row_of[where] = torch.arange(probs.shape[0], device=where.device)
+    return ReferenceRows(probs, (probs * ref_logp).sum(-1), probs.sum(-1), row_of)
 
 
 def masked_mean(values: Tensor, mask: Tensor, denom: Tensor | float | None = None) -> Tensor:

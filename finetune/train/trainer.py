@@ -21,16 +21,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from finetune.config import FinetuneConfig
-from finetune.train.loss import expected_acceptance_terms, kl_terms, top1_agreement, ttt_weights
+from finetune.train.features import FeatureCache
+from finetune.train.loss import (
+    ReferenceRows,
+    expected_acceptance_terms,
+    kl_terms,
+    reference_rows,
+    top1_agreement,
+    ttt_weights,
+)
 from finetune.train.report import TrainResult
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.checkpoint.load import build_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.examples import Example, batch_indices, collate
+from slimspec_convert.devices import cpu_has_native_bf16
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.model.vocab import draft_to_target_ids
@@ -200,15 +210,56 @@ class Trainer:
         self.best: dict[str, Any] = {"score": -1.0}
         self.before: dict[str, Any] = {}
         self.device = next(drafter.parameters()).device
+        self.target_head = target_model.get_output_embeddings()
+        self.features = (
+            FeatureCache(cfg.feature_cache, target_model, self.aux_layers, pad_id) if cfg.feature_cache else None
+        )
         target_device = next(target_model.parameters()).device
         if target_device != self.device:
             raise ValueError(
                 f"the drafter is on {self.device} but the target on {target_device}; put both on one device"
             )
         self.autocast = cfg.bf16_autocast and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        # On CPUs with bf16 matmul units the vocabulary-wide head products (most of a step's time)
+        # run in bf16 with float32 softmax/KL; frozen dense heads keep one bf16 copy of their weight.
+        self.bf16_heads = cfg.bf16_autocast and self.device.type == "cpu" and cpu_has_native_bf16()
+        self._frozen_bf16: dict[int, Tensor] = {}
+
+    # ---- head products -----------------------------------------------------------------------
+    def _head(self, head: nn.Module, x: Tensor) -> Tensor:
+        """``head(x)`` as float32 logits: [N, d] -> [N, V]; in bf16 on CPUs with bf16 units."""
+        if not self.bf16_heads:
+            return head(x).float()
+        w = getattr(head, "weight", None)
+        if isinstance(head, nn.Linear) and head.bias is None and not w.requires_grad:
+            wb = self._frozen_bf16.get(id(head))
+            if wb is None:
+                wb = self._frozen_bf16[id(head)] = w.detach().to(torch.bfloat16)
+            return F.linear(x.to(torch.bfloat16), wb).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return head(x).float()
+
+    def _target_logits(self, final_hidden: Tensor) -> Tensor:
+        """The target's logits at gathered final hidden states [N, dt] -> [N, V_t] float32."""
+        if not self.bf16_heads:
+            return target_logits_at(self.target, final_hidden)
+        return target_logits_at(self.target, final_hidden, head=lambda x: self._head(self.target_head, x))
 
     # ---- one micro-batch -------------------------------------------------------------------
-    def _target(self, batch: dict[str, Tensor]):
+    def prepare_features(self) -> int:
+        """Build the ``--feature-cache`` features of every training and held-out example not stored yet.
+
+        Returns:
+            How many examples were added (0 without a feature cache).
+        """
+        if self.features is None:
+            return 0
+        return self.features.build(self.train_examples + self.eval_examples)
+
+    def _target(self, batch: dict[str, Tensor], examples: list[Example] | None = None):
+        """The target's aux and final hidden states of a batch: from the feature cache, or a forward."""
+        if self.features is not None and examples is not None:
+            return self.features.target_output(examples, self.device)
         with torch.no_grad():  # logits are computed later, only where a loss needs them
             return target_forward(
                 self.target,
@@ -218,33 +269,44 @@ class Trainer:
                 logits_to_keep=1,
             )
 
-    def _gathered_logits(self, out, h: Tensor, valid: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-        """(reference, draft) logits at the supervised positions only: [N, V_t or V_d], [N, V_d].
+    @torch.no_grad()
+    def _target_reference(self, out, loss_mask: Tensor) -> ReferenceRows:
+        """The target's next-token distribution at every position whose next token is supervised.
 
-        Gathering before the heads skips prompt and padding positions (about half of all
-        positions in chat data), the dominant cost of a step on CPU.
+        Every TTT step reads its reference rows from here (step ``s`` at position ``t`` needs the
+        target at ``t + 1 + s``, a row of the same set), so the target's head and softmax run once
+        per batch instead of once per step.
         """
-        b, t = valid.nonzero(as_tuple=True)
-        normed = self.drafter.norm(h[b, t])  # [N, d]
-        draft_logits = self.drafter.lm_head(normed)  # [N, V_d]
-        with torch.no_grad():
-            if self.teacher_head is not None:
-                ref = self.teacher_head(normed)  # original head on the same features
-            else:
-                ref = target_logits_at(self.target, out.final_hidden[b, t + shift])  # target at t + 1 + s
-        return ref, draft_logits
+        need = shift_left(loss_mask.bool(), 1, False)  # q: token q + 1 supervised
+        b, t = need.nonzero(as_tuple=True)
+        return reference_rows(self._target_logits(out.final_hidden[b, t]), need, self.draft_ids)
 
-    def _loss(self, batch: dict[str, Tensor], global_counts: Tensor) -> tuple[Tensor, Tensor]:
-        """Weighted sum over TTT steps of the masked-mean KL; returns (loss, per-step KL sums)."""
-        out = self._target(batch)
+    def _loss(
+        self, batch: dict[str, Tensor], global_counts: Tensor, examples: list[Example] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Weighted sum over TTT steps of the masked-mean KL; returns (loss, per-step KL sums).
+
+        Only supervised positions reach the heads (gathered first: prompt and padding positions
+        are about half of chat data). The reference is the target (rows computed once per batch,
+        :meth:`_target_reference`) or, with ``teacher='drafter'``, the original head on the
+        drafter's own features of that step.
+        """
+        out = self._target(batch, examples)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         kl_sums = torch.zeros(self.cfg.ttt_steps, device=self.device)
-        ids = None if self.cfg.teacher == "drafter" else self.draft_ids
+        ref_rows = self._target_reference(out, batch["loss_mask"]) if self.teacher_head is None else None
         for st in ttt_unroll(
             self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
         ):
-            ref, draft_logits = self._gathered_logits(out, st.hidden, st.valid, st.ref_positions_shift)
-            kl = kl_terms(ref, draft_logits, ids)  # [N]
+            b, t = st.valid.nonzero(as_tuple=True)
+            normed = self.drafter.norm(st.hidden[b, t])  # [N, d]
+            draft_logits = self._head(self.drafter.lm_head, normed)  # [N, V_d]
+            if ref_rows is not None:
+                kl = ref_rows.kl(b, t + st.ref_positions_shift, draft_logits)  # target at t + 1 + s
+            else:
+                with torch.no_grad():
+                    ref = self._head(self.teacher_head, normed)  # original head on the same features
+                kl = kl_terms(ref, draft_logits)  # [N]
             total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
             kl_sums[st.step] = kl.detach().sum()
         return total, kl_sums
@@ -253,12 +315,14 @@ class Trainer:
         m = batch["loss_mask"]
         return torch.stack([shift_left(m, 2 + s, False).sum() for s in range(self.cfg.ttt_steps)]).float()
 
-    def _local_batch(self, step: int, micro: int) -> dict[str, Tensor]:
+    def _local_examples(self, step: int, micro: int) -> list[Example]:
         global_step = step * self.cfg.grad_accum + micro
         idx = batch_indices(len(self.train_examples), self.cfg.batch_size, global_step, self.cfg.seed)
         per = self.cfg.batch_size // self.world
-        mine = idx[self.rank * per : (self.rank + 1) * per]
-        return self._to_device(collate([self.train_examples[i] for i in mine], self.pad_id))
+        return [self.train_examples[i] for i in idx[self.rank * per : (self.rank + 1) * per]]
+
+    def _local_batch(self, step: int, micro: int) -> dict[str, Tensor]:
+        return self._to_device(collate(self._local_examples(step, micro), self.pad_id))
 
     def _to_device(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -275,10 +339,11 @@ class Trainer:
         count_sum = torch.zeros(self.cfg.ttt_steps, device=self.device)
         tokens = torch.zeros((), dtype=torch.int64, device=self.device)  # summed on the device: no sync
         for micro in range(self.cfg.grad_accum):
-            batch = self._local_batch(self.step, micro)
+            examples = self._local_examples(self.step, micro)
+            batch = self._to_device(collate(examples, self.pad_id))
             counts = _all_reduce(self._valid_counts(batch))
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                loss, kl_sums = self._loss(batch, counts)
+                loss, kl_sums = self._loss(batch, counts, examples)
             (loss / self.cfg.grad_accum).backward()
             kl_sum += kl_sums
             count_sum += counts
@@ -319,8 +384,9 @@ class Trainer:
         per = max(1, self.cfg.batch_size // self.world)
         mine = list(range(n_eval))[self.rank :: self.world]
         for i in range(0, len(mine), per):
-            batch = self._to_device(collate([self.eval_examples[j] for j in mine[i : i + per]], self.pad_id))
-            out = self._target(batch)
+            examples = [self.eval_examples[j] for j in mine[i : i + per]]
+            batch = self._to_device(collate(examples, self.pad_id))
+            out = self._target(batch, examples)
             for st in ttt_unroll(
                 self.drafter,
                 batch["input_ids"],
@@ -447,6 +513,10 @@ class Trainer:
     def run(self, resume: bool = False) -> TrainResult:
         """Train for ``cfg.steps`` optimizer steps (continuing from a checkpoint with resume)."""
         t0 = time.perf_counter()
+        if self.rank == 0:
+            self.prepare_features()
+        if self.world > 1:
+            dist.barrier()
         if resume and self.load_checkpoint():
             logger.info("resumed at step %d", self.step)
         if not self.before:

@@ -60,6 +60,10 @@ MetricDepth = Annotated[int, typer.Option(help="k of the greedy chain whose pred
 MeasurePrompts = Annotated[int, typer.Option(help="held-out prompts decoded for the measured tau (0 = skip)")]
 Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")]
 Dtype = Annotated[str, typer.Option(help="target dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")]
+FeatureCacheDir = Annotated[
+    str | None,
+    typer.Option(help="folder of the target's features, computed once and reused by every epoch and run"),
+]
 
 
 def _echo(result, json_out: bool) -> None:
@@ -98,6 +102,7 @@ def finetune(
     measure_prompts: MeasurePrompts = _F.measure_prompts,
     device: Device = _F.device,
     dtype: Dtype = _F.dtype,
+    feature_cache: FeatureCacheDir = _F.feature_cache,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -150,6 +155,7 @@ def train_drafter(
     measure_prompts: MeasurePrompts = _T.measure_prompts,
     device: Device = _T.device,
     dtype: Dtype = _T.dtype,
+    feature_cache: FeatureCacheDir = _T.feature_cache,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,

@@ -141,17 +141,19 @@ def _cache_kwarg(model) -> str:
     return _CACHE_KWARGS[cls]
 
 
-def target_logits_at(model, final_hidden: Tensor) -> Tensor:
+def target_logits_at(model, final_hidden: Tensor, head=None) -> Tensor:
     """Target logits for already gathered final hidden states.
 
     Args:
         model: HF causal LM.
         final_hidden: [..., dt] post-final-norm hidden states (``TargetOutput.final_hidden``).
+        head: a callable standing in for the model's output embedding (e.g. a bf16 product);
+            None uses ``model.get_output_embeddings()``.
 
     Returns:
         [..., V_t] float32 (applies any final logit soft-capping the model config declares).
     """
-    logits = model.get_output_embeddings()(final_hidden).float()
+    logits = (head or model.get_output_embeddings())(final_hidden).float()
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap

@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from finetune.train.loss import expected_acceptance_terms, kl_terms, masked_mean, top1_agreement, ttt_weights
+from finetune.train.loss import (
+    expected_acceptance_terms,
+    kl_terms,
+    masked_mean,
+    reference_rows,
+    top1_agreement,
+    ttt_weights,
+)
 
 
 def test_kl_half_half_vs_nine_one():
@@ -52,3 +59,22 @@ def test_masked_mean_and_weights():
     assert masked_mean(v, m).item() == pytest.approx(2.0)
     assert masked_mean(v, m, denom=4.0).item() == pytest.approx(1.0)
     assert ttt_weights(3, 0.8) == pytest.approx([1.0, 0.8, 0.64])
+
+
+def test_reference_rows_kl_and_gradient_equal_kl_terms():
+    g = torch.Generator().manual_seed(0)
+    where = torch.tensor([[True, False, True], [False, True, True]])
+    ref = torch.randn(4, 7, generator=g) * 3
+    draft = torch.randn(3, 5, generator=g, requires_grad=True)
+    ids = torch.tensor([0, 2, 3, 5, 6])  # a trimmed draft vocabulary: mass < 1
+    rows = reference_rows(ref, where, ids)
+    b, t = torch.tensor([1, 0, 1]), torch.tensor([2, 0, 1])  # rows 3, 0, 2
+    kl = rows.kl(b, t, draft)
+    (kl * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    grad, draft.grad = draft.grad.clone(), None
+    expect = kl_terms(ref[[3, 0, 2]], draft, ids)
+    (expect * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert torch.allclose(kl, expect, atol=1e-6)
+    assert torch.allclose(grad, draft.grad, atol=1e-6)
+    with pytest.raises(IndexError, match="not prepared"):
+        rows.kl(torch.tensor([0]), torch.tensor([1]), draft[:1])

@@ -8,11 +8,13 @@ import torch
 import torch.multiprocessing as mp
 
 from finetune.config import FinetuneConfig
+from finetune.train.loss import kl_terms
 from finetune.train.trainer import Trainer
 from slimspec_convert.data.examples import build_examples
 from slimspec_convert.data.records import read_conversations
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.model.ttt import shift_left, ttt_attention_mask, ttt_unroll
+from slimspec_convert.target.forward import target_logits_at
 from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
 
 AUX = (2, 3, 4)
@@ -112,9 +114,36 @@ def test_training_lowers_kl_and_raises_heldout_acceptance(tmp_path):
     assert saved["slimspec"]["training"]["heldout"]["step"] == result.best["step"]
 
 
+def _loss_per_step_reference(tr, batch):
+    """The loss as written before the reference rows were shared: target head and KL per TTT step."""
+    out = tr._target(batch)
+    counts = tr._valid_counts(batch)
+    total = torch.zeros(())
+    for st in ttt_unroll(tr.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], 2):
+        b, t = st.valid.nonzero(as_tuple=True)
+        draft = tr.drafter.lm_head(tr.drafter.norm(st.hidden[b, t]))
+        ref = target_logits_at(tr.target, out.final_hidden[b, t + st.ref_positions_shift])
+        total = total + tr.weights[st.step] * kl_terms(ref, draft).sum() / counts[st.step]
+    return total
+
+
+def test_shared_reference_rows_give_the_per_step_loss_and_bf16_heads_stay_close(tmp_path):
+    tr = _trainer(tmp_path, steps=1, bf16_autocast=False)
+    batch = tr._local_batch(0, 0)
+    counts = tr._valid_counts(batch)
+    with torch.no_grad():
+        shared, _ = tr._loss(batch, counts)
+        per_step = _loss_per_step_reference(tr, batch)
+        tr.bf16_heads = True  # the path of CPUs with bf16 units (emulated elsewhere: same numbers)
+        bf16, _ = tr._loss(batch, counts)
+    assert float(shared) == pytest.approx(float(per_step), rel=1e-5)
+    assert float(bf16) == pytest.approx(float(per_step), rel=2e-2)
+    assert float(bf16) != float(per_step)  # guard: the bf16 products really ran
+
+
 def test_pinned_step_values(tmp_path):
     """Regression pin: the first losses of a seeded run (computed once with this code, float32 CPU)."""
-    tr = _trainer(tmp_path, steps=3)
+    tr = _trainer(tmp_path, steps=3, bf16_autocast=False)
     losses = [tr.train_step()[0] for _ in range(3)]
     assert losses == pytest.approx(PINNED, rel=1e-3)
 

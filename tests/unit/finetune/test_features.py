@@ -1,0 +1,43 @@
+"""--feature-cache: the target's features stored once give the losses of a live target; a build resumes."""
+
+import json
+
+import pytest
+import torch
+
+from finetune.train.features import MANIFEST, FeatureCache
+from tests.unit.finetune.test_trainer import AUX, _examples, _peaky_target, _trainer
+
+
+def test_cached_features_train_like_the_live_target(tmp_path):
+    live = _trainer(tmp_path / "live", steps=4, bf16_autocast=False)
+    cached = _trainer(tmp_path / "cached", steps=4, bf16_autocast=False, feature_cache=str(tmp_path / "f"))
+    assert cached.prepare_features() == 40  # 32 training + 8 held-out examples
+    assert cached.prepare_features() == 0  # all stored
+    a = [live.train_step()[0] for _ in range(4)]
+    b = [cached.train_step()[0] for _ in range(4)]
+    assert b == pytest.approx(a, rel=2e-2)  # bf16 storage of the features
+    assert b != a  # guard: the cached path really ran
+    ev_live, ev_cached = live.evaluate(), cached.evaluate()
+    assert ev_cached["acceptance"] == pytest.approx(ev_live["acceptance"], abs=2e-2)
+
+
+def test_a_killed_build_keeps_its_shards_and_another_target_is_refused(tmp_path):
+    examples, pad = _examples(12)
+    target = _peaky_target()
+    cache = FeatureCache(tmp_path, target, AUX, pad, shard_examples=5)
+    assert cache.build(examples[:7]) == 7  # two shards
+    again = FeatureCache(tmp_path, target, AUX, pad, shard_examples=5)
+    assert len(again.missing(examples)) == 5
+    assert again.build(examples) == 5
+    out = again.target_output(examples[:3], torch.device("cpu"))
+    n = max(e.input_ids.numel() for e in examples[:3])
+    assert out.aux_hidden.shape == (3, n, 96) and out.final_hidden.shape == (3, n, 32)
+    assert len(set(json.loads((tmp_path / MANIFEST).read_text())["shards"].values())) == 3  # 5 + 2, then 5
+    other = _peaky_target()
+    with torch.no_grad():
+        other.lm_head.weight.mul_(2)
+    with pytest.raises(ValueError, match="another target or aux layers"):
+        FeatureCache(tmp_path, other, AUX, pad)
+    with pytest.raises(ValueError, match="another target or aux layers"):
+        FeatureCache(tmp_path, target, (1, 2, 3), pad)
