@@ -1,4 +1,4 @@
-"""Target features computed once and kept on disk: ``--feature-cache DIR`` of ``finetune`` / ``train-drafter``.
+"""Target features computed once and kept on disk: ``--feature-cache DIR`` (finetune, train-drafter).
 
 A training step needs, for every example, the target's aux hidden states (the drafter's input) and
 its final hidden states (whose head product is the KL reference). They depend only on the frozen
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from slimspec_convert.atomic import atomic_path, atomic_write_json
-from slimspec_convert.data.examples import Example, collate
 from slimspec_convert.data.distill import target_fingerprint
+from slimspec_convert.data.examples import Example, collate
 from slimspec_convert.target.forward import TargetOutput, target_forward
 
 logger = logging.getLogger(__name__)
@@ -202,6 +202,4 @@ class FeatureCache:
                 final = torch.zeros(len(examples), T, f.shape[-1])
             aux[r, : a.shape[0]] = a.float()
             final[r, : f.shape[0]] = f.float()
-        return TargetOutput(
-            logits=torch.empty(0), aux_hidden=aux.to(device), final_hidden=final.to(device)
-        )
+        return TargetOutput(logits=torch.empty(0), aux_hidden=aux.to(device), final_hidden=final.to(device))

@@ -95,7 +95,9 @@ class _RowKL(torch.autograd.Function):
         return g, None, None, None
 
 
-def reference_rows(ref_logits: Tensor, where: Tensor, draft_target_ids: Tensor | None = None) -> ReferenceRows:
+def reference_rows(
+    ref_logits: Tensor, where: Tensor, draft_target_ids: Tensor | None = None
+) -> ReferenceRows:
     """Prepare :class:`ReferenceRows` from the reference logits at the True positions of ``where``.
 
     Args:

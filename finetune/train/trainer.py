@@ -212,7 +212,9 @@ class Trainer:
         self.device = next(drafter.parameters()).device
         self.target_head = target_model.get_output_embeddings()
         self.features = (
-            FeatureCache(cfg.feature_cache, target_model, self.aux_layers, pad_id) if cfg.feature_cache else None
+            FeatureCache(cfg.feature_cache, target_model, self.aux_layers, pad_id)
+            if cfg.feature_cache
+            else None
         )
         target_device = next(target_model.parameters()).device
         if target_device != self.device:

@@ -34,12 +34,15 @@ def distill(
         bool, typer.Option("--allow-eval-data", help="accept benchmark prompts as a source")
     ] = _D.allow_eval_data,
     shuffle: Annotated[
-        bool, typer.Option("--shuffle", help="answer in a seeded random order (a partial run covers every file)")
+        bool,
+        typer.Option("--shuffle", help="answer in a seeded random order (a partial run covers every file)"),
     ] = _D.shuffle,
     exclude: Annotated[
         list[Path] | None, typer.Option(help="file(s) whose prompts are left out (held-out prompts)")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="target dtype: float32 or bfloat16 (AMX CPUs: ~1.7x faster)")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="target dtype: float32 or bfloat16 (AMX CPUs: ~1.7x faster)")
+    ] = "float32",
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:

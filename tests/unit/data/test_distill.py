@@ -88,7 +88,9 @@ def test_shuffle_and_exclude_choose_which_prompts_are_answered(prompts_file, tmp
     model, tok = tiny_target(), tiny_tokenizer()
     lines = prompts_file.read_text().splitlines()
     held = tmp_path / "held.jsonl"
-    held.write_text(lines[1] + "\n" + json.dumps({"prompt": "  " + json.loads(lines[3])["prompt"] + " "}) + "\n")
+    held.write_text(
+        lines[1] + "\n" + json.dumps({"prompt": "  " + json.loads(lines[3])["prompt"] + " "}) + "\n"
+    )
     out = tmp_path / "d.jsonl"
     cfg = DistillConfig(max_new_tokens=4, shuffle=True, seed=3, exclude=(str(held),))
     report = distill(model, tok, [prompts_file], out, cfg)
@@ -107,7 +109,12 @@ def test_a_bfloat16_target_makes_other_records(prompts_file, tmp_path):
     distill(model, tok, [prompts_file], out, DistillConfig(max_new_tokens=4, limit=2))
     report = distill(model.bfloat16(), tok, [prompts_file], out, DistillConfig(max_new_tokens=4, limit=2))
     assert report.num_written == 2
-    assert [r["provenance"]["decoding"].get("dtype") for r in _records(out)] == [None, None, "bfloat16", "bfloat16"]
+    assert [r["provenance"]["decoding"].get("dtype") for r in _records(out)] == [
+        None,
+        None,
+        "bfloat16",
+        "bfloat16",
+    ]
 
 
 def test_benchmark_prompts_are_refused_by_file_line_and_benchmark(tmp_path):
