@@ -227,7 +227,14 @@ def bench_e2e_cmd(
     batch_size: Annotated[int, typer.Option(help="prompts decoded together")] = default(
         BenchE2EConfig, "batch_size"
     ),
-    draft: Annotated[str, typer.Option(help="tree or chain")] = default(BenchE2EConfig, "draft_method"),
+    draft: Annotated[
+        str,
+        typer.Option(help="tree, chain, or auto (each drafter's shape with the highest predicted tokens/s)"),
+    ] = default(BenchE2EConfig, "draft_method"),
+    auto_prompts: Annotated[
+        str | None,
+        typer.Option(help="--draft auto: calibration prompts (default: the first benchmark prompts)"),
+    ] = default(BenchE2EConfig, "auto_prompts"),
     max_prompts: Annotated[int, typer.Option(help="first N prompts of the file")] = default(
         BenchE2EConfig, "max_prompts"
     ),

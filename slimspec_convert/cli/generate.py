@@ -11,6 +11,7 @@ import typer
 from slimspec_convert.cli.app import apply_threads, command
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.results import GenerationResult
+from slimspec_convert.measure.draft_shape import AUTO_DRAFT
 from slimspec_convert.workflows.generate import generate_from_paths
 
 _DRAFT, _SAMPLING, _GEN = DraftConfig(), SamplingConfig(), GenerateConfig()
@@ -46,7 +47,13 @@ def generate(
     seed: Annotated[
         int, typer.Option(help="sampling seed (each prompt gets its own generator)")
     ] = _SAMPLING.seed,
-    draft: Annotated[str, typer.Option(help="tree (EAGLE-2/3 dynamic tree) or chain")] = _DRAFT.method,
+    draft: Annotated[
+        str,
+        typer.Option(
+            help="tree (EAGLE-2/3 dynamic tree), chain, or auto (the shape with the highest predicted "
+            "tokens/s on this machine; --depth/--top-k/--total-tokens are then ignored)"
+        ),
+    ] = _DRAFT.method,
     depth: Annotated[int, typer.Option(help="draft depth; for a chain, k tokens per round")] = _DRAFT.depth,
     top_k: Annotated[
         int, typer.Option(help="tree: nodes expanded per level and children per node")
@@ -86,12 +93,19 @@ def generate(
         max_prompts=limit,
         rerank=rerank,
     )
-    dcfg = DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    auto = draft == AUTO_DRAFT
+    dcfg = (
+        AUTO_DRAFT if auto else DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    )
     scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     if stream and json_out:
         raise ValueError("--stream and --json: choose one (--json prints everything at the end)")
     on_text = (lambda text: typer.echo(text, nl=False)) if stream else None
-    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text)
+    plans = []
+    on_plan = (lambda plan: (plans.append(plan), typer.echo(plan.summary(), err=True))) if auto else None
+    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan)
+    if plans:
+        typer.echo(auto_line(plans[0], results), err=True)
     if stream:
         typer.echo("")
         typer.echo(stats_line(results[0]))
@@ -100,6 +114,18 @@ def generate(
         typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
         return
     _print_results(results)
+
+
+def auto_line(plan, results: list[GenerationResult]) -> str:
+    """The auto shape's predicted against its measured tokens/s over all results."""
+    tokens = sum(r.stats.new_tokens for r in results)
+    seconds = sum(r.stats.wall_ms for r in results) / 1e3
+    measured = tokens / seconds if seconds > 0 else 0.0
+    b = plan.best
+    return (
+        f"--draft auto {b.shape}: predicted {b.predicted_tokens_per_s:.1f} tokens/s (tau "
+        f"{b.predicted_tau:.2f}), measured {measured:.1f} tokens/s; planning took {plan.seconds:.0f} s"
+    )
 
 
 def stats_line(result: GenerationResult) -> str:

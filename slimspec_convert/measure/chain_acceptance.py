@@ -198,6 +198,51 @@ def chain_agreement(
     return torch.cat(columns, dim=1), torch.cat(starts)
 
 
+@torch.no_grad()
+def chain_ranks(drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8) -> Tensor:
+    """The rank of the target's token among the drafter's logits at each depth of each round start.
+
+    Round starts and teacher forcing as :func:`chain_agreement` (the drafts before depth ``j`` are
+    the target's own tokens, as on the accepted path of a chain or a tree). Rank 0 is the drafter's
+    top token; a token outside a trimmed draft vocabulary gets rank ``V_d``.
+
+    Returns:
+        [depth, N] int64.
+
+    Raises:
+        ValueError: depth < 1.
+    """
+    if depth < 1:
+        raise ValueError(f"chain depth k={depth}: expected >= 1")
+    was_training = drafter.training
+    drafter.eval()
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    device = next(p.device for p in drafter.parameters())
+    v_t = drafter.config.vocab_size
+    to_draft = None
+    if drafter.d2t is not None:  # target id -> draft row (-1 outside the draft vocabulary)
+        to_draft = torch.full((v_t,), -1, dtype=torch.int64, device=device)
+        to_draft[draft_to_target_ids(drafter.d2t)] = torch.arange(
+            drafter.config.draft_vocab_size, device=device
+        )
+    columns = []
+    for i in range(0, ev.input_ids.shape[0], batch_size):
+        ids = ev.input_ids[i : i + batch_size].to(device)
+        ans = ev.answer_mask[i : i + batch_size].to(device)
+        start = shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)  # [B, T]
+        ranks = []
+        for st in ttt_unroll(drafter, ids, ev.aux_hidden[i : i + batch_size].to(device, dtype), ans, depth):
+            logits = drafter.logits(st.hidden[start]).float()  # [N, V_d]
+            true = shift_left(ids, 2 + st.step, 0)[start]
+            row = to_draft[true] if to_draft is not None else true
+            own = logits.gather(1, row.clamp_min(0)[:, None])  # [N, 1]
+            rank = (logits > own).sum(1)
+            ranks.append(torch.where(row < 0, logits.shape[1], rank))
+        columns.append(torch.stack(ranks).cpu())
+    drafter.train(was_training)
+    return torch.cat(columns, dim=1)
+
+
 def chain_acceptance(
     drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8
 ) -> ChainAcceptance:

@@ -25,9 +25,17 @@ from dataclasses import asdict, dataclass
 
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.measure.draft_shape import (
+    AUTO_CALIBRATION_PROMPTS,
+    AUTO_DRAFT,
+    DraftPlan,
+    plan_draft_shape,
+    shape_name,
+)
 from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
@@ -53,7 +61,9 @@ class BenchE2EConfig:
     drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
     drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
     ``device`` and ``dtype`` place the target and every drafter (``auto``: cuda when available,
-    bfloat16 there, float32 on the CPU).
+    bfloat16 there, float32 on the CPU). ``draft_method='auto'`` gives every drafter its own shape
+    (:mod:`~slimspec_convert.measure.draft_shape`), planned on the prompts of ``auto_prompts`` (held-out
+    prompts, so that no benchmark answer informs the choice) or else on the first benchmark prompts.
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -67,6 +77,7 @@ class BenchE2EConfig:
     reference: str | None = None
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
+    auto_prompts: str | None = None  # --draft auto: calibration prompts file (default: the first prompts)
 
     def __post_init__(self) -> None:
         if not self.drafters:
@@ -91,7 +102,8 @@ class BenchE2EConfig:
                 raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")
         if self.warmup_tokens < 0:
             raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
-        DraftConfig(method=self.draft_method)  # validates the method name
+        if self.draft_method != AUTO_DRAFT:
+            DraftConfig(method=self.draft_method)  # validates the method name
         check_run_dtype("BenchE2EConfig", self.dtype)
         check_device_name("BenchE2EConfig", self.device)
 
@@ -137,6 +149,9 @@ class E2ERow:
     predicted_rho_tps: float | None = None
     measured_rho_tps: float | None = None
     rerank_k: int = 0  # shortlist rerank of a low-rank head (LowRankHead.set_rerank), 0 = off
+    shape: str | None = None  # the draft shape (chain-3, tree-5x4/16), None for plain decoding
+    predicted_tau: float | None = None  # --draft auto: the plan's predictions for its shape
+    predicted_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -209,20 +224,32 @@ def run_e2e(
     """
     if not prompts:
         raise ValueError("no prompts to benchmark")
-    draft = DraftConfig(method=cfg.draft_method)
     configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
+    plans: dict[str, DraftPlan] = {}
+    if cfg.draft_method == AUTO_DRAFT:
+        calibration = list(prompts)
+        if cfg.auto_prompts is not None:
+            calibration = [t[0] for t in load_prompts(cfg.auto_prompts)]
+        for name, d in drafters.items():
+            if progress is not None:
+                progress(f"--draft auto: planning {name}")
+            plans[name] = plan_draft_shape(target_model, tokenizer, d, calibration[:AUTO_CALIBRATION_PROMPTS])
+            if progress is not None:
+                progress(f"{name}: {plans[name].summary()}")
+    shapes = {n: plans[n].draft if n in plans else DraftConfig(method=cfg.draft_method) for n in drafters}
 
-    def generator(drafter, max_new_tokens):
+    def generator(name, max_new_tokens):
         sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+        draft = shapes.get(name, DraftConfig())  # plain decoding ignores it
         return SpeculativeGenerator(
-            target_model, tokenizer, drafter, draft, sampling, batch_size=cfg.batch_size
+            target_model, tokenizer, configs[name], draft, sampling, batch_size=cfg.batch_size
         )
 
     load_before = read_load_1m()
-    gens = {n: generator(d, cfg.max_new_tokens) for n, d in configs.items()}
+    gens = {n: generator(n, cfg.max_new_tokens) for n in configs}
     if cfg.warmup_tokens:
-        for d in configs.values():
-            generator(d, cfg.warmup_tokens).generate(list(prompts[: cfg.batch_size]))
+        for n in configs:
+            generator(n, cfg.warmup_tokens).generate(list(prompts[: cfg.batch_size]))
     names = list(configs)
     totals = {n: _Totals() for n in names}
     outputs: dict[str, list[GenerationResult]] = {n: [] for n in names}
@@ -240,7 +267,7 @@ def run_e2e(
     p = next(target_model.parameters())
     run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
     machine = machine_state(load_1m=max(loads) if loads else None)
-    return _summarise(configs, totals, outputs, cfg, machine, run_on)
+    return _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans)
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
@@ -256,6 +283,8 @@ def _summarise(
     cfg: BenchE2EConfig,
     machine: MachineState | None = None,
     run_on: dict[str, str] | None = None,
+    shapes: dict[str, DraftConfig] | None = None,
+    plans: dict[str, DraftPlan] | None = None,
 ) -> E2EResult:
     plain = outputs[E2E_PLAIN_NAME]
     tps = {n: t.new_tokens / (t.wall_ms / 1e3) for n, t in totals.items()}
@@ -289,7 +318,15 @@ def _summarise(
             lossless=None if drafter is None else mism == 0,
             num_mismatched_prompts=mism,
         )
-        if ref is not None and drafter is not None and t.cycles and totals[ref].cycles:
+        if drafter is not None and shapes and name in shapes:
+            row["shape"] = shape_name(shapes[name])
+        if plans and name in plans:
+            row.update(
+                predicted_tau=plans[name].best.predicted_tau,
+                predicted_tokens_per_s=plans[name].best.predicted_tokens_per_s,
+            )
+        same_shape = not shapes or shapes.get(name) == shapes.get(ref)  # the cost model's premise
+        if ref is not None and drafter is not None and t.cycles and totals[ref].cycles and same_shape:
             r = totals[ref]
             nu = (t.head_ms / t.rounds) / (r.head_ms / r.rounds)
             rho_tau = (t.committed / t.cycles) / (r.committed / r.cycles)
@@ -303,7 +340,12 @@ def _summarise(
     per_prompt = {
         n: [{"output_ids": o.output_ids, **asdict(o.stats)} for o in outs] for n, outs in outputs.items()
     }
-    config = {**asdict(cfg), "draft": asdict(DraftConfig(method=cfg.draft_method)), "run_on": run_on}
+    config = {
+        **asdict(cfg),
+        "draft": {n: asdict(d) for n, d in (shapes or {}).items()},
+        "auto_plans": {n: p.to_dict() for n, p in (plans or {}).items()},
+        "run_on": run_on,
+    }
     return E2EResult(tuple(rows), ref, kappa, len(plain), config, per_prompt, machine)
 
 

@@ -15,13 +15,14 @@ def e2e_markdown(result: E2EResult) -> str:
     cfg = result.config
     lines = [
         f"End-to-end, greedy, {result.num_prompts} prompts, {cfg['max_new_tokens']} new tokens max, batch "
-        f"{cfg['batch_size']}, draft {cfg['draft']}"
+        f"{cfg['batch_size']}, draft {cfg['draft_method']}"
         + (f", {cfg['run_on']['device']} {cfg['run_on']['dtype']}" if cfg.get("run_on") else "")
         + ". tau = accepted drafts + 1 bonus per verification.",
         "",
-        "| drafter | head | tau | tokens/s | speedup vs plain | target ms/round | body ms/round "
-        "| head ms/round | other ms/round | lossless | nu | rho_tau | predicted rho_TPS | measured rho_TPS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| drafter | head | shape | tau | tokens/s | speedup vs plain | target ms/round | body ms/round "
+        "| head ms/round | other ms/round | lossless | nu | rho_tau | predicted rho_TPS | measured rho_TPS "
+        "| auto: predicted tau | auto: predicted tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.rows:
         head = (
@@ -34,11 +35,12 @@ def e2e_markdown(result: E2EResult) -> str:
             "-" if r.lossless is None else ("yes" if r.lossless else f"NO ({r.num_mismatched_prompts})")
         )
         lines.append(
-            f"| {r.name} | {head} | {fmt_number(r.tau)} | {r.tokens_per_s:.2f} | {r.speedup:.3f} "
+            f"| {r.name} | {head} | {r.shape or '-'} | {fmt_number(r.tau)} | {r.tokens_per_s:.2f} | {r.speedup:.3f} "
             f"| {fmt_number(r.target_ms_per_round, 2)} | {fmt_number(r.backbone_ms_per_round, 2)} "
             f"| {fmt_number(r.head_ms_per_round, 2)} | {fmt_number(r.overhead_ms_per_round, 2)} | {lossless} "
             f"| {fmt_number(r.nu)} | {fmt_number(r.rho_tau)} | {fmt_number(r.predicted_rho_tps)} "
-            f"| {fmt_number(r.measured_rho_tps)} |"
+            f"| {fmt_number(r.measured_rho_tps)} | {fmt_number(r.predicted_tau)} "
+            f"| {fmt_number(r.predicted_tokens_per_s, 2)} |"
         )
     if result.reference is None:
         lines += ["", "No full-head drafter in the run: kappa, nu and rho_tau are not defined."]

@@ -11,6 +11,12 @@ from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.hf_generate import TextChunkStreamer, streaming_hooks
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
+from slimspec_convert.measure.draft_shape import (
+    AUTO_CALIBRATION_PROMPTS,
+    AUTO_DRAFT,
+    DraftPlan,
+    plan_draft_shape,
+)
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.target.load import load_target
 
@@ -49,15 +55,46 @@ def load_generation_models(target: str | Path, drafter: str | Path | None, gcfg:
     return model, tokenizer, module
 
 
+def auto_draft(
+    model,
+    tokenizer,
+    drafter: Eagle3Drafter | None,
+    prompts: list[str],
+    scfg: SamplingConfig,
+    on_plan: Callable[[DraftPlan], None] | None = None,
+    calibration: list[str] | None = None,
+) -> DraftConfig:
+    """``--draft auto``: the shape :func:`~slimspec_convert.measure.draft_shape.plan_draft_shape` picks.
+
+    Args:
+        calibration: prompts to measure acceptance on (default: the first
+            :data:`AUTO_CALIBRATION_PROMPTS` of ``prompts``, whose greedy answers the run then repeats).
+
+    Raises:
+        ValueError: no drafter, or sampling (the plan predicts greedy acceptance).
+    """
+    if drafter is None:
+        raise ValueError("--draft auto picks a drafter's shape: give --drafter")
+    if scfg.temperature > 0:
+        raise ValueError(
+            "--draft auto plans for greedy decoding; with --temperature > 0 give --draft tree|chain"
+        )
+    plan = plan_draft_shape(model, tokenizer, drafter, (calibration or prompts)[:AUTO_CALIBRATION_PROMPTS])
+    if on_plan is not None:
+        on_plan(plan)
+    return plan.draft
+
+
 def generate_from_paths(
     target: str | Path,
     drafter: str | Path | None,
     prompt: str | None,
     prompts: str | Path | None,
     gcfg: GenerateConfig,
-    dcfg: DraftConfig,
+    dcfg: DraftConfig | str,
     scfg: SamplingConfig,
     on_text: Callable[[str], None] | None = None,
+    on_plan: Callable[[DraftPlan], None] | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -66,9 +103,11 @@ def generate_from_paths(
         drafter: drafter folder, or None / ``"none"``.
         prompt: one prompt (exactly one of ``prompt`` and ``prompts``).
         prompts: JSONL with ``prompt`` or MT-Bench ``turns``.
-        gcfg, dcfg, scfg: prompt handling and dtype, draft shape, sampling.
+        gcfg, dcfg, scfg: prompt handling and dtype, draft shape (or ``"auto"``: :func:`auto_draft`),
+            sampling.
         on_text: stream the output: called with each piece of text as its tokens are committed
             (special tokens skipped, so the pieces join into ``result.text``); one prompt only.
+        on_plan: called with the :class:`DraftPlan` of ``--draft auto`` before decoding.
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -87,6 +126,8 @@ def generate_from_paths(
     if gcfg.max_prompts is not None:
         turns = turns[: gcfg.max_prompts]
     model, tokenizer, module = load_generation_models(target, drafter, gcfg)
+    if dcfg == AUTO_DRAFT:
+        dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan)
     gen = SpeculativeGenerator(
         model,
         tokenizer,

@@ -1,0 +1,314 @@
+"""``--draft auto``: the chain or tree shape with the highest predicted tokens/s on this machine.
+
+A speculation round costs ``T_draft(shape) + T_verify(n)``, with ``n`` the tokens the target verifies
+(the root plus ``k`` drafts for a chain of depth ``k``, plus ``total_tokens`` for a tree), and commits
+``tau(shape)`` tokens, so
+
+    predicted tokens/s = tau(shape) / (T_draft(shape) + T_verify(n) + T_other(shape)).
+
+* ``T_verify(n)``: the target's forward of ``n`` new tokens after a 256-token context, measured once
+  per (target, device, dtype, threads, torch) and cached as JSON under ``$SLIMSPEC_CACHE/verify_cost``
+  (:func:`verify_cost`). On CPUs it is flat for a few tokens and then grows about linearly, which is
+  why trees that pay on GPUs do not pay here.
+* ``T_draft + T_other``: the drafter's time per round and the loop's own work, measured by decoding
+  a calibration prompt for a few rounds with each candidate shape (:func:`plan_draft_shape`).
+* ``tau(shape)``: the drafter's per-depth acceptance on the target's own greedy answers to the
+  calibration prompts (the on-policy metric, :mod:`~slimspec_convert.measure.chain_acceptance`): for a
+  chain of depth ``k``, ``1 + p_1 + ... + p_k`` with ``p_j`` the share of round starts whose first ``j``
+  drafts equal the target's tokens; for a tree of depth ``D``, top-k ``K`` and ``N`` nodes, the same
+  with "equal" read as "within the drafter's ``min(K, N // D)`` best tokens" at every depth (a tree
+  keeps about ``N / D`` nodes per level; an approximation, printed beside the measured figure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from slimspec_convert.atomic import atomic_write_json
+from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.devices import clock_ms
+from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval, chain_ranks
+from slimspec_convert.target.cache import keep_cache_slots, new_target_cache
+from slimspec_convert.target.forward import _cache_kwarg, resolve_aux_layers
+
+logger = logging.getLogger(__name__)
+
+AUTO_DRAFT = "auto"  # --draft auto
+AUTO_CALIBRATION_PROMPTS = 4  # prompts the target answers once to measure the drafter's acceptance
+VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+VERIFY_CONTEXT = 256
+CHAIN_DEPTHS = (1, 2, 3, 4, 5)
+TREE_SHAPES = ((3, 2, 6), (3, 3, 9), (4, 2, 8), (4, 3, 12), (4, 4, 16), (5, 3, 15), (5, 4, 20), (6, 4, 24))
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """The target's verification time against the number of tokens verified in one forward.
+
+    Attributes:
+        tokens: verified token counts measured (ascending).
+        ms: median milliseconds of one forward for each count, after ``context`` cached tokens.
+        context: cached tokens before the verified ones.
+        key: what the figures are of (target, device, dtype, threads, torch version).
+    """
+
+    tokens: tuple[int, ...]
+    ms: tuple[float, ...]
+    context: int
+    key: dict = field(default_factory=dict)
+
+    def at(self, n: int) -> float:
+        """Milliseconds to verify ``n`` tokens (linear between, and beyond, the measured counts)."""
+        ts, ms = self.tokens, self.ms
+        if n <= ts[0]:
+            return ms[0]
+        for i in range(1, len(ts)):
+            if n <= ts[i]:
+                w = (n - ts[i - 1]) / (ts[i] - ts[i - 1])
+                return ms[i - 1] + w * (ms[i] - ms[i - 1])
+        slope = (ms[-1] - ms[-2]) / (ts[-1] - ts[-2])
+        return ms[-1] + slope * (n - ts[-1])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _verify_key(model) -> dict:
+    p = next(model.parameters())
+    cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
+    return {
+        "target": hashlib.sha256(cfg.encode()).hexdigest()[:16],
+        "device": str(p.device),
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+@torch.no_grad()
+def measure_verify_cost(
+    model, tokens: Sequence[int] = VERIFY_TOKENS, context: int = VERIFY_CONTEXT, repeats: int = 5
+) -> VerifyCost:
+    """Time the target's forward of ``n`` new tokens after ``context`` cached ones, for each ``n``.
+
+    Args:
+        model: HF causal LM (eval mode).
+        tokens: counts to measure.
+        context: cached tokens before them (the cache is cropped back after every call).
+        repeats: timed calls per count (the median is kept; one untimed call first).
+
+    Returns:
+        :class:`VerifyCost` in milliseconds.
+    """
+    dev = next(model.parameters()).device
+    g = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(100, vocab - 1, (1, context + max(tokens)), generator=g).to(dev)
+    cache = new_target_cache()
+    kw = _cache_kwarg(model)
+    model(input_ids=ids[:, :context], use_cache=True, **{kw: cache})
+    ms = []
+    for n in tokens:
+        x = ids[:, context : context + n]
+        pos = torch.arange(context, context + n, device=dev)[None]
+        samples = []
+        for r in range(repeats + 1):
+            t0 = clock_ms(dev)
+            model(input_ids=x, position_ids=pos, use_cache=True, **{kw: cache})
+            dt = clock_ms(dev) - t0
+            keep_cache_slots(cache, context, None, 0)
+            if r:
+                samples.append(dt)
+        ms.append(statistics.median(samples))
+    return VerifyCost(tuple(tokens), tuple(ms), context, _verify_key(model))
+
+
+def verify_cost(model, cache_dir: str | Path | None = None, refresh: bool = False) -> VerifyCost:
+    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch) as JSON.
+
+    Args:
+        model: HF causal LM.
+        cache_dir: folder of the cache files (default ``$SLIMSPEC_CACHE/verify_cost``).
+        refresh: measure again even when a file exists.
+    """
+    from slimspec_convert.target.fetch import cache_dir as default_cache
+
+    key = _verify_key(model)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache() / "verify_cost"
+    path = folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
+    if path.is_file() and not refresh:
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("key") == key:
+                return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            logger.warning("%s: unreadable verification-cost cache; measuring again", path)
+    vc = measure_verify_cost(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, vc.to_dict())
+    return vc
+
+
+def shape_name(d: DraftConfig) -> str:
+    """``chain-3`` or ``tree-5x4/16`` (depth x top-k / total tokens)."""
+    return f"chain-{d.depth}" if d.method == "chain" else f"tree-{d.depth}x{d.top_k}/{d.total_tokens}"
+
+
+def verified_tokens(d: DraftConfig) -> int:
+    """Tokens the target verifies per round: the root plus the drafts."""
+    return 1 + (d.depth if d.method == "chain" else d.total_tokens)
+
+
+def predicted_tau(ranks: torch.Tensor, d: DraftConfig) -> float:
+    """Predicted tau of a shape from the drafter's ranks of the target's tokens (module docstring).
+
+    Args:
+        ranks: [depth_max, N] int64, the rank of the target's token among the drafter's logits at
+            each depth of each round start (0 = its top token), teacher-forced on the target's text.
+        d: the shape (its depth must not exceed depth_max).
+    """
+    k = 1 if d.method == "chain" else max(1, min(d.top_k, d.total_tokens // d.depth))
+    hit = (ranks[: d.depth] < k).int().cumprod(0).float()  # [D, N]: the first j depths all in
+    return 1.0 + float(hit.mean(1).sum())
+
+
+@dataclass(frozen=True)
+class ShapeCandidate:
+    """One shape's figures: predicted tau, the measured costs per round, predicted tokens/s."""
+
+    shape: str
+    draft: dict
+    predicted_tau: float
+    verify_ms: float
+    draft_and_loop_ms: float
+    predicted_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What ``--draft auto`` chose and why.
+
+    Attributes:
+        draft: the chosen :class:`DraftConfig`.
+        candidates: every shape tried, best first.
+        plain_tokens_per_s: the target alone, predicted the same way (one token verified per round).
+        verify: the verification-cost curve used.
+        calibration_prompts: how many prompts gave the acceptance and the costs.
+        seconds: time the planning took.
+    """
+
+    draft: DraftConfig
+    candidates: tuple[ShapeCandidate, ...]
+    plain_tokens_per_s: float
+    verify: VerifyCost
+    calibration_prompts: int
+    seconds: float
+
+    @property
+    def best(self) -> ShapeCandidate:
+        return self.candidates[0]
+
+    def summary(self) -> str:
+        b = self.best
+        return (
+            f"--draft auto: {b.shape} (predicted tau {b.predicted_tau:.2f}, {b.predicted_tokens_per_s:.1f} "
+            f"tokens/s; plain decoding {self.plain_tokens_per_s:.1f}); runner-up "
+            + ", ".join(f"{c.shape} {c.predicted_tokens_per_s:.1f}" for c in self.candidates[1:4])
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "draft": asdict(self.draft),
+            "shape": self.best.shape,
+            "predicted_tau": self.best.predicted_tau,
+            "predicted_tokens_per_s": self.best.predicted_tokens_per_s,
+            "plain_tokens_per_s": self.plain_tokens_per_s,
+            "candidates": [asdict(c) for c in self.candidates],
+            "verify": self.verify.to_dict(),
+            "calibration_prompts": self.calibration_prompts,
+            "seconds": self.seconds,
+        }
+
+
+def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
+    """Chains of depth 1-5 and eight trees of depth 3-6, top-k 2-4, ``N = K D`` nodes (one level of
+    ``K`` per depth: wider trees cost more to verify than a CPU gains from them)."""
+    out = [DraftConfig(method="chain", depth=k) for k in CHAIN_DEPTHS]
+    out += [
+        DraftConfig(method="tree", depth=d, top_k=k, total_tokens=n)
+        for d, k, n in TREE_SHAPES
+        if k <= top_k_max and n <= k + (d - 1) * k * k
+    ]
+    return out
+
+
+def _draft_and_loop_ms(model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int) -> float:
+    """Milliseconds per round outside the target's forward: drafting plus the loop's own work."""
+    gen = SpeculativeGenerator(model, tokenizer, drafter, d, SamplingConfig(max_new_tokens=new_tokens))
+    t0 = time.perf_counter()
+    res = gen.generate([prompt])[0]
+    wall = (time.perf_counter() - t0) * 1e3
+    return (wall - res.stats.target_ms) / max(1, res.stats.cycles)
+
+
+def plan_draft_shape(
+    model,
+    tokenizer,
+    drafter,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 64,
+    cost_tokens: int = 16,
+    cache_dir: str | Path | None = None,
+) -> DraftPlan:
+    """Pick the draft shape with the highest predicted greedy tokens/s (module docstring).
+
+    Args:
+        model: the target (eval mode), on its device and dtype.
+        tokenizer: its tokenizer (chat template applied to the prompts).
+        drafter: the drafter, on the same device and dtype.
+        prompts: calibration prompts (a few: each is answered by the target once, ``max_new_tokens``).
+        max_new_tokens: answer length of the calibration prompts.
+        cost_tokens: tokens decoded with every candidate shape to time its drafting and loop work.
+        cache_dir: where the verification-cost curve is cached.
+
+    Returns:
+        :class:`DraftPlan`.
+
+    Raises:
+        ValueError: no calibration prompt, or answers too short for the deepest candidate.
+    """
+    if not prompts:
+        raise ValueError("--draft auto needs at least one calibration prompt")
+    t0 = time.perf_counter()
+    vc = verify_cost(model, cache_dir)
+    ev = build_onpolicy_eval(
+        model,
+        tokenizer,
+        list(prompts),
+        resolve_aux_layers(drafter.config, model),
+        max_new_tokens=max_new_tokens,
+    )
+    shapes = candidate_shapes(drafter.config.draft_vocab_size)
+    ranks = chain_ranks(drafter, ev, max(s.depth for s in shapes))
+    _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens)  # warm-up
+    cands = []
+    for s in shapes:
+        tau = predicted_tau(ranks, s)
+        v = vc.at(verified_tokens(s))
+        other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens)
+        cands.append(ShapeCandidate(shape_name(s), asdict(s), tau, v, other, tau / ((v + other) / 1e3)))
+    cands.sort(key=lambda c: -c.predicted_tokens_per_s)
+    best = DraftConfig(**cands[0].draft)
+    plain = 1e3 / (vc.at(1) + _draft_and_loop_ms(model, tokenizer, None, prompts[0], best, cost_tokens))
+    return DraftPlan(best, tuple(cands), plain, vc, len(prompts), time.perf_counter() - t0)

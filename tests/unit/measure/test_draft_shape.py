@@ -1,0 +1,120 @@
+"""--draft auto: the verification-cost curve (measured once, cached), predicted tau per shape, the plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from slimspec_convert.decoding.config import DraftConfig
+from slimspec_convert.measure import draft_shape
+from slimspec_convert.measure.chain_acceptance import (
+    chain_acceptance,
+    chain_agreement,
+    chain_ranks,
+    onpolicy_eval_from_ids,
+)
+from slimspec_convert.measure.draft_shape import (
+    VerifyCost,
+    candidate_shapes,
+    plan_draft_shape,
+    predicted_tau,
+    verify_cost,
+)
+from tests.helpers.models import tiny_drafter, tiny_target, tiny_tokenizer
+from tests.unit.measure.test_chain_acceptance import AUX, V, _greedy_rows
+
+
+def test_verify_cost_interpolates_and_extrapolates_linearly():
+    vc = VerifyCost((1, 4, 8), (10.0, 13.0, 21.0), 256)
+    assert [vc.at(n) for n in (1, 2, 4, 6, 8, 12)] == [10.0, 11.0, 13.0, 17.0, 21.0, 29.0]
+
+
+def test_predicted_tau_reads_top1_for_chains_and_the_per_level_width_for_trees():
+    ranks = torch.tensor([[0, 0, 1, 3], [0, 2, 0, 0], [1, 0, 0, 0]])  # [depth, starts]
+    chain = DraftConfig(method="chain", depth=3)
+    assert predicted_tau(ranks, chain) == pytest.approx(1 + (2 + 1 + 0) / 4)
+    tree = DraftConfig(method="tree", depth=3, top_k=4, total_tokens=9)  # 3 per level: ranks < 3
+    assert predicted_tau(ranks, tree) == pytest.approx(1 + (3 + 3 + 3) / 4)
+
+
+def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
+    target = tiny_target(seed=3, vocab_size=V)
+    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7)]
+    ev = onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+    ranks = chain_ranks(drafter, ev, 3)
+    agree, _ = chain_agreement(drafter, ev, 3)
+    assert torch.equal(ranks == 0, agree)
+    assert bool((ranks > 0).any()) and bool((ranks == 0).any())  # guard: both kinds of rounds
+    expect = chain_acceptance(drafter, ev, 3).predicted_tau
+    assert predicted_tau(ranks, DraftConfig(method="chain", depth=3)) == pytest.approx(expect)
+
+
+def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_candidate(tmp_path, monkeypatch):
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafter = tiny_drafter(seed=1)
+    first = verify_cost(target, tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["tokens"][0] == 1
+    assert all(ms > 0 for ms in first.ms)
+
+    def fail(*a, **k):
+        raise AssertionError("measured again although cached")
+
+    monkeypatch.setattr(draft_shape, "measure_verify_cost", fail)
+    assert verify_cost(target, tmp_path) == first
+    plan = plan_draft_shape(
+        target,
+        tok,
+        drafter,
+        ["hello there", "two plus two"],
+        max_new_tokens=12,
+        cost_tokens=6,
+        cache_dir=tmp_path,
+    )
+    tps = [c.predicted_tokens_per_s for c in plan.candidates]
+    assert tps == sorted(tps, reverse=True) and len(tps) == len(
+        candidate_shapes(drafter.config.draft_vocab_size)
+    )
+    assert plan.best.shape in plan.summary() and plan.draft.depth == plan.best.draft["depth"]
+    best = plan.candidates[0]
+    assert best.predicted_tokens_per_s == pytest.approx(
+        best.predicted_tau / ((best.verify_ms + best.draft_and_loop_ms) / 1e3)
+    )
+
+
+def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_path, monkeypatch):
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from slimspec_convert.target.fetch import cache_dir
+
+    monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafters = {"a": tiny_drafter(seed=1), "b": tiny_drafter(seed=2)}
+    prompts = ["hello there", "two plus two", "a cat sat"]
+    cfg = BenchE2EConfig(
+        drafters=(("a", "-"), ("b", "-")), draft_method="auto", max_new_tokens=10, warmup_tokens=0
+    )
+    res = run_e2e(target, tok, drafters, prompts, cfg)
+    rows = {r.name: r for r in res.rows}
+    plans = res.config["auto_plans"]
+    assert set(plans) == {"a", "b"} and len(list((tmp_path / "verify_cost").glob("*.json"))) == 1
+    for name in ("a", "b"):
+        assert rows[name].lossless is True
+        assert rows[name].shape == plans[name]["shape"]
+        assert rows[name].predicted_tokens_per_s == plans[name]["predicted_tokens_per_s"] > 0
+    assert rows["none"].shape is None and rows["none"].predicted_tokens_per_s is None
+
+
+def test_auto_draft_refuses_no_drafter_and_sampling():
+    from slimspec_convert.decoding.config import SamplingConfig
+    from slimspec_convert.workflows.generate import auto_draft
+
+    target, tok = tiny_target(), tiny_tokenizer()
+    with pytest.raises(ValueError, match="give --drafter"):
+        auto_draft(target, tok, None, ["hi"], SamplingConfig())
+    with pytest.raises(ValueError, match="plans for greedy decoding"):
+        auto_draft(target, tok, tiny_drafter(), ["hi"], SamplingConfig(temperature=0.7))
