@@ -35,7 +35,8 @@ def e2e_markdown(result: E2EResult) -> str:
             "-" if r.lossless is None else ("yes" if r.lossless else f"NO ({r.num_mismatched_prompts})")
         )
         lines.append(
-            f"| {r.name} | {head} | {r.shape or '-'} | {fmt_number(r.tau)} | {r.tokens_per_s:.2f} | {r.speedup:.3f} "
+            f"| {r.name} | {head} | {r.shape or '-'} | {fmt_number(r.tau)} | {r.tokens_per_s:.2f} "
+            f"| {r.speedup:.3f} "
             f"| {fmt_number(r.target_ms_per_round, 2)} | {fmt_number(r.backbone_ms_per_round, 2)} "
             f"| {fmt_number(r.head_ms_per_round, 2)} | {fmt_number(r.overhead_ms_per_round, 2)} | {lossless} "
             f"| {fmt_number(r.nu)} | {fmt_number(r.rho_tau)} | {fmt_number(r.predicted_rho_tps)} "
