@@ -8,7 +8,8 @@
 #   4. the default recovery fine-tune of the low-rank head: on-policy (the committed distilled
 #      answers of the target), training-time test, target as teacher, the best-scored step kept
 #   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec (the low-rank head alone, and
-#      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved
+#      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved; each drafter with
+#      its own --draft auto shape (planned on held-out training prompts, not on the benchmark)
 # Usage: bash examples/quickstart.sh [OUT_DIR]   (env: FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,7 @@ echo "== 5/5 bench e2e"
 slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
   --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
   --drafter slimspec-rerank="$OUT/slimspec-r72-ft" --rerank slimspec-rerank=64 \
-  --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" --draft tree \
+  --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" \
+  --draft auto --auto-prompts data/heldout/general24.jsonl \
   --out "$OUT/e2e" --force
 echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png)"
