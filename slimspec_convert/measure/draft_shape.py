@@ -6,10 +6,11 @@ A speculation round costs ``T_draft(shape) + T_verify(n)``, with ``n`` the token
 
     predicted tokens/s = tau(shape) / (T_draft(shape) + T_verify(n) + T_other(shape)).
 
-* ``T_verify(n)``: the target's forward of ``n`` new tokens after a 256-token context, measured once
-  per (target, device, dtype, threads, torch) and cached as JSON under ``$SLIMSPEC_CACHE/verify_cost``
-  (:func:`verify_cost`). On CPUs it is flat for a few tokens and then grows about linearly, which is
-  why trees that pay on GPUs do not pay here.
+* ``T_verify(n)``: the target's forward of ``n`` new tokens after a context as long as the
+  calibration prompts' typical one (prompt plus half an answer, rounded up to 64 tokens), measured
+  once per (target, device, dtype, threads, torch, context) and cached as JSON under
+  ``$SLIMSPEC_CACHE/verify_cost`` (:func:`verify_cost`). On CPUs it grows with every token (SmolLM2
+  on 2 cores: 1 token 51 ms, 4 tokens about 80 ms), which is why trees that pay on GPUs do not here.
 * ``T_draft + T_other``: the drafter's time per round and the loop's own work, measured by decoding
   a calibration prompt for a few rounds with each candidate shape (:func:`plan_draft_shape`).
 * ``tau(shape)``: the drafter's per-depth acceptance on the target's own greedy answers to the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 AUTO_DRAFT = "auto"  # --draft auto
 AUTO_CALIBRATION_PROMPTS = 4  # prompts the target answers once to measure the drafter's acceptance
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-VERIFY_CONTEXT = 256
+VERIFY_CONTEXT = 256  # cached tokens before the verified ones, unless the plan gives its own
 CHAIN_DEPTHS = (1, 2, 3, 4, 5)
 TREE_SHAPES = ((3, 2, 6), (3, 3, 9), (4, 2, 8), (4, 3, 12), (4, 4, 16), (5, 3, 15), (5, 4, 20), (6, 4, 24))
 
@@ -83,7 +85,7 @@ class VerifyCost:
         return asdict(self)
 
 
-def _verify_key(model) -> dict:
+def _verify_key(model, context: int) -> dict:
     p = next(model.parameters())
     cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     return {
@@ -92,6 +94,7 @@ def _verify_key(model) -> dict:
         "dtype": str(p.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "context": context,
     }
 
 
@@ -130,20 +133,23 @@ def measure_verify_cost(
             if r:
                 samples.append(dt)
         ms.append(statistics.median(samples))
-    return VerifyCost(tuple(tokens), tuple(ms), context, _verify_key(model))
+    return VerifyCost(tuple(tokens), tuple(ms), context, _verify_key(model, context))
 
 
-def verify_cost(model, cache_dir: str | Path | None = None, refresh: bool = False) -> VerifyCost:
-    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch) as JSON.
+def verify_cost(
+    model, cache_dir: str | Path | None = None, refresh: bool = False, context: int = VERIFY_CONTEXT
+) -> VerifyCost:
+    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch, context) as JSON.
 
     Args:
         model: HF causal LM.
         cache_dir: folder of the cache files (default ``$SLIMSPEC_CACHE/verify_cost``).
         refresh: measure again even when a file exists.
+        context: cached tokens before the verified ones.
     """
     from slimspec_convert.target.fetch import cache_dir as default_cache
 
-    key = _verify_key(model)
+    key = _verify_key(model, context)
     folder = Path(cache_dir) if cache_dir is not None else default_cache() / "verify_cost"
     path = folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
     if path.is_file() and not refresh:
@@ -153,7 +159,7 @@ def verify_cost(model, cache_dir: str | Path | None = None, refresh: bool = Fals
                 return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable verification-cost cache; measuring again", path)
-    vc = measure_verify_cost(model)
+    vc = measure_verify_cost(model, context=context)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, vc.to_dict())
     return vc
@@ -291,7 +297,6 @@ def plan_draft_shape(
     if not prompts:
         raise ValueError("--draft auto needs at least one calibration prompt")
     t0 = time.perf_counter()
-    vc = verify_cost(model, cache_dir)
     ev = build_onpolicy_eval(
         model,
         tokenizer,
@@ -299,6 +304,9 @@ def plan_draft_shape(
         resolve_aux_layers(drafter.config, model),
         max_new_tokens=max_new_tokens,
     )
+    prompt_tokens = float(ev.answer_mask.int().argmax(1).float().mean())  # first answer position
+    context = 64 * math.ceil((prompt_tokens + max_new_tokens / 2) / 64)
+    vc = verify_cost(model, cache_dir, context=context)
     shapes = candidate_shapes(drafter.config.draft_vocab_size)
     ranks = chain_ranks(drafter, ev, max(s.depth for s in shapes))
     _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens)  # warm-up

@@ -56,34 +56,31 @@ def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
 def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_candidate(tmp_path, monkeypatch):
     target, tok = tiny_target(), tiny_tokenizer()
     drafter = tiny_drafter(seed=1)
-    first = verify_cost(target, tmp_path)
+    first = verify_cost(target, tmp_path, context=64)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["tokens"][0] == 1
-    assert all(ms > 0 for ms in first.ms)
+    assert all(ms > 0 for ms in first.ms) and first.key["context"] == 64
+    prompts = ["hello there", "two plus two"]
+    plan = plan_draft_shape(
+        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path
+    )
 
     def fail(*a, **k):
         raise AssertionError("measured again although cached")
 
     monkeypatch.setattr(draft_shape, "measure_verify_cost", fail)
-    assert verify_cost(target, tmp_path) == first
-    plan = plan_draft_shape(
-        target,
-        tok,
-        drafter,
-        ["hello there", "two plus two"],
-        max_new_tokens=12,
-        cost_tokens=6,
-        cache_dir=tmp_path,
+    assert verify_cost(target, tmp_path, context=64) == first
+    again = plan_draft_shape(
+        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path
     )
+    assert again.verify == plan.verify and plan.verify.context % 64 == 0
     tps = [c.predicted_tokens_per_s for c in plan.candidates]
-    assert tps == sorted(tps, reverse=True) and len(tps) == len(
-        candidate_shapes(drafter.config.draft_vocab_size)
-    )
+    assert tps == sorted(tps, reverse=True)
+    assert len(tps) == len(candidate_shapes(drafter.config.draft_vocab_size))
     assert plan.best.shape in plan.summary() and plan.draft.depth == plan.best.draft["depth"]
     best = plan.candidates[0]
-    assert best.predicted_tokens_per_s == pytest.approx(
-        best.predicted_tau / ((best.verify_ms + best.draft_and_loop_ms) / 1e3)
-    )
+    round_s = (best.verify_ms + best.draft_and_loop_ms) / 1e3
+    assert best.predicted_tokens_per_s == pytest.approx(best.predicted_tau / round_s)
 
 
 def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_path, monkeypatch):
