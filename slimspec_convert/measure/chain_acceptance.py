@@ -158,6 +158,30 @@ def onpolicy_eval_from_ids(
     return OnPolicyEval(names, ids, answer, torch.cat(aux), tuple(aux_layers))
 
 
+def _teacher_forced_chains(drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int):
+    """Per batch of sequences: (offset, round-start mask [B, T], per depth the drafter's logits
+    [N, V_d] at the round starts and the target's tokens [N] there). Eval mode while it runs."""
+    if depth < 1:
+        raise ValueError(f"chain depth k={depth}: expected >= 1")
+    was_training = drafter.training
+    drafter.eval()
+    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
+    device = next(p.device for p in drafter.parameters())
+    try:
+        for i in range(0, ev.input_ids.shape[0], batch_size):
+            ids = ev.input_ids[i : i + batch_size].to(device)
+            ans = ev.answer_mask[i : i + batch_size].to(device)
+            start = shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)  # [B, T]
+            aux = ev.aux_hidden[i : i + batch_size].to(device, dtype)
+            steps = [
+                (drafter.logits(st.hidden[start]).float(), shift_left(ids, 2 + st.step, 0)[start])
+                for st in ttt_unroll(drafter, ids, aux, ans, depth)
+            ]
+            yield i, start, steps
+    finally:
+        drafter.train(was_training)
+
+
 @torch.no_grad()
 def chain_agreement(
     drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8
@@ -174,27 +198,16 @@ def chain_agreement(
     Raises:
         ValueError: depth < 1.
     """
-    if depth < 1:
-        raise ValueError(f"chain depth k={depth}: expected >= 1")
-    was_training = drafter.training
-    drafter.eval()
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
-    device = next(p.device for p in drafter.parameters())
     ids_map = draft_to_target_ids(drafter.d2t) if drafter.d2t is not None else None
     columns, starts = [], []
-    for i in range(0, ev.input_ids.shape[0], batch_size):
-        ids = ev.input_ids[i : i + batch_size].to(device)
-        ans = ev.answer_mask[i : i + batch_size].to(device)
-        start = shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)  # [B, T]
+    for i, start, steps in _teacher_forced_chains(drafter, ev, depth, batch_size):
         agree = []
-        for st in ttt_unroll(drafter, ids, ev.aux_hidden[i : i + batch_size].to(device, dtype), ans, depth):
-            top = drafter.logits(st.hidden[start]).argmax(-1)  # [N] draft ids
-            top = ids_map[top] if ids_map is not None else top
-            agree.append(top == shift_left(ids, 2 + st.step, 0)[start])
+        for logits, true in steps:
+            top = logits.argmax(-1)  # [N] draft ids
+            agree.append((ids_map[top] if ids_map is not None else top) == true)
         columns.append(torch.stack(agree).cpu())  # [k, N]
         rows, pos = start.nonzero(as_tuple=True)
         starts.append(torch.stack([rows.cpu() + i, pos.cpu()], dim=1))
-    drafter.train(was_training)
     return torch.cat(columns, dim=1), torch.cat(starts)
 
 
@@ -212,34 +225,21 @@ def chain_ranks(drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size
     Raises:
         ValueError: depth < 1.
     """
-    if depth < 1:
-        raise ValueError(f"chain depth k={depth}: expected >= 1")
-    was_training = drafter.training
-    drafter.eval()
-    dtype = next(p.dtype for p in drafter.parameters() if p.is_floating_point())
-    device = next(p.device for p in drafter.parameters())
-    v_t = drafter.config.vocab_size
     to_draft = None
     if drafter.d2t is not None:  # target id -> draft row (-1 outside the draft vocabulary)
-        to_draft = torch.full((v_t,), -1, dtype=torch.int64, device=device)
+        device = drafter.d2t.device
+        to_draft = torch.full((drafter.config.vocab_size,), -1, dtype=torch.int64, device=device)
         to_draft[draft_to_target_ids(drafter.d2t)] = torch.arange(
             drafter.config.draft_vocab_size, device=device
         )
     columns = []
-    for i in range(0, ev.input_ids.shape[0], batch_size):
-        ids = ev.input_ids[i : i + batch_size].to(device)
-        ans = ev.answer_mask[i : i + batch_size].to(device)
-        start = shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)  # [B, T]
+    for _, _, steps in _teacher_forced_chains(drafter, ev, depth, batch_size):
         ranks = []
-        for st in ttt_unroll(drafter, ids, ev.aux_hidden[i : i + batch_size].to(device, dtype), ans, depth):
-            logits = drafter.logits(st.hidden[start]).float()  # [N, V_d]
-            true = shift_left(ids, 2 + st.step, 0)[start]
+        for logits, true in steps:
             row = to_draft[true] if to_draft is not None else true
             own = logits.gather(1, row.clamp_min(0)[:, None])  # [N, 1]
-            rank = (logits > own).sum(1)
-            ranks.append(torch.where(row < 0, logits.shape[1], rank))
+            ranks.append(torch.where(row < 0, logits.shape[1], (logits > own).sum(1)))
         columns.append(torch.stack(ranks).cpu())
-    drafter.train(was_training)
     return torch.cat(columns, dim=1)
 
 
