@@ -53,5 +53,15 @@ for _ in range(6):
     tokens += n
     losses.append(round(loss, 4))
 dt = time.perf_counter() - t0
-print(json.dumps({"code": code, "config": kw, "tokens": tokens, "seconds": round(dt, 2),
-                  "tokens_per_s": round(tokens / dt, 1), "losses": losses}))
+print(
+    json.dumps(
+        {
+            "code": code,
+            "config": kw,
+            "tokens": tokens,
+            "seconds": round(dt, 2),
+            "tokens_per_s": round(tokens / dt, 1),
+            "losses": losses,
+        }
+    )
+)

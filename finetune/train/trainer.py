@@ -8,7 +8,6 @@ multi-process data parallelism through torch.distributed (torchrun / accelerate 
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -35,9 +34,9 @@ from finetune.train.loss import (
     top1_agreement,
     ttt_weights,
 )
+from finetune.train.params import export_drafter, set_trainable
 from finetune.train.report import TrainResult
 from slimspec_convert.atomic import atomic_path, atomic_write_json
-from slimspec_convert.checkpoint.load import build_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.examples import Example, batch_indices, collate
 from slimspec_convert.devices import cpu_has_native_bf16
@@ -58,9 +57,6 @@ LOG_NAME = "train_log.jsonl"
 REPORT_NAME = "finetune_report.json"
 
 
-LORA_MODULES = r"midlayer\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
-
-
 def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -78,63 +74,6 @@ def _all_reduce(t: Tensor) -> Tensor:
     if _world()[1] > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def set_trainable(drafter: Eagle3Drafter, cfg: FinetuneConfig) -> nn.Module:
-    """Freeze/unfreeze per ``cfg.train``; inject LoRA with peft for ``head+lora``.
-
-    Embeddings always stay frozen (every upstream trainer freezes them; eagle3-formats.md s. 5).
-
-    Returns:
-        The module to train (the drafter itself; LoRA layers are injected in place).
-    """
-    for p in drafter.parameters():
-        p.requires_grad_(False)
-    if cfg.train == "head+lora":
-        from peft import LoraConfig, inject_adapter_in_model
-
-        lora = LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            target_modules=LORA_MODULES,
-            lora_dropout=0.0,
-            bias="none",
-        )
-        inject_adapter_in_model(lora, drafter)
-        for n, p in drafter.named_parameters():
-            p.requires_grad_("lora_" in n)
-    for n, p in drafter.named_parameters():
-        if n.startswith("embed_tokens."):
-            continue
-        is_head = n.startswith("lm_head.")
-        if cfg.train in ("head", "head+lora") and is_head:
-            p.requires_grad_(True)
-        elif cfg.train == "all" or (cfg.train == "body" and not is_head and "lora_" not in n):
-            p.requires_grad_(True)
-    return drafter
-
-
-def merged_state_dict(drafter: Eagle3Drafter) -> dict[str, Tensor]:
-    """Canonical state dict with any LoRA adapters merged into their base weights."""
-    from peft.tuners.lora import LoraLayer
-
-    state = {k: v for k, v in drafter.state_dict().items() if "lora_" not in k}
-    for name, module in drafter.named_modules():
-        if isinstance(module, LoraLayer):
-            base = state.pop(f"{name}.base_layer.weight")
-            delta = module.get_delta_weight("default").to(base.dtype)
-            state[f"{name}.weight"] = base + delta
-            if f"{name}.base_layer.bias" in state:
-                state[f"{name}.bias"] = state.pop(f"{name}.base_layer.bias")
-    return state
-
-
-def export_drafter(drafter: Eagle3Drafter) -> Eagle3Drafter:
-    """A plain (LoRA-merged) copy of the drafter for saving or inference."""
-    if not any("lora_" in n for n, _ in drafter.named_parameters()):
-        return drafter
-    state = merged_state_dict(drafter)
-    return build_drafter(drafter.config, state, embed_from=None, where="merged LoRA drafter")
 
 
 def _lr_lambda(cfg: FinetuneConfig):
@@ -571,11 +510,3 @@ class Trainer:
 def _first_line(e: BaseException, limit: int = 160) -> str:
     line = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def copy_head(drafter: Eagle3Drafter) -> nn.Module:
-    """A frozen copy of the drafter's current head (the teacher for ``--teacher drafter``)."""
-    head = copy.deepcopy(drafter.lm_head)
-    for p in head.parameters():
-        p.requires_grad_(False)
-    return head

@@ -239,7 +239,7 @@ def test_head_plus_lora_trains_adapters_and_saves_a_merged_plain_drafter(tmp_pat
 
 
 def test_teacher_drafter_distils_the_original_head(tmp_path):
-    from finetune.train.trainer import copy_head
+    from finetune.train.params import copy_head
     from slimspec_convert.lowrank.svd import lowrank_factorize
     from slimspec_convert.model.head import LowRankHead
 
