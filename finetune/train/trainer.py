@@ -458,6 +458,10 @@ class Trainer:
             self.prepare_features()
         if self.world > 1:
             dist.barrier()
+            if self.features is not None and self.rank:  # rank 0 built the shards: read its manifest
+                self.features = FeatureCache(
+                    self.cfg.feature_cache, self.target, self.aux_layers, self.pad_id
+                )
         if resume and self.load_checkpoint():
             logger.info("resumed at step %d", self.step)
         if not self.before:

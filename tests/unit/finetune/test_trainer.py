@@ -215,6 +215,32 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     assert torch.allclose(two["fc"], one.drafter.fc.weight.detach(), atol=1e-5)
 
 
+def _ddp_cached_worker(rank, world, store, out_dir, cache_dir, result_file):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        tr = _trainer(out_dir, steps=3, feature_cache=cache_dir, bf16_autocast=False)
+        dist.barrier()  # both ranks opened the (empty) cache before rank 0 builds it
+        result = tr.run()
+        if rank == 0:
+            torch.save({"losses": result.losses}, result_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_share_the_feature_cache_rank_zero_builds(tmp_path):
+    one = _trainer(tmp_path / "one", steps=3, feature_cache=str(tmp_path / "f1"), bf16_autocast=False).run()
+    result_file = tmp_path / "ddp.pt"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = (2, str(tmp_path / "store"), str(tmp_path / "two"), str(tmp_path / "f2"), str(result_file))
+    mp.spawn(_ddp_cached_worker, args=args, nprocs=2)
+    two = torch.load(result_file, weights_only=True)
+    assert two["losses"] == pytest.approx(one.losses, rel=1e-4)
+    assert (tmp_path / "f2" / "features.json").is_file()
+
+
 def test_head_plus_lora_trains_adapters_and_saves_a_merged_plain_drafter(tmp_path):
     from slimspec_convert.checkpoint.load import load_native
 
