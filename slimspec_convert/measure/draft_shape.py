@@ -9,8 +9,9 @@ A speculation round costs ``T_draft(shape) + T_verify(n)``, with ``n`` the token
 * ``T_verify(n)``: the target's forward of ``n`` new tokens after a context as long as the
   calibration prompts' typical one (prompt plus half an answer, rounded up to 64 tokens), measured
   once per (target, device, dtype, threads, torch, context) and cached as JSON under
-  ``$SLIMSPEC_CACHE/verify_cost`` (:func:`verify_cost`). On CPUs it grows with every token (SmolLM2
-  on 2 cores: 1 token 51 ms, 4 tokens about 80 ms), which is why trees that pay on GPUs do not here.
+  ``$SLIMSPEC_CACHE/verify_cost`` (:func:`verify_cost`). On CPUs it grows with the tokens (SmolLM2 on
+  2 cores, float32, 128-token context: 54 ms for 1 or 2, 78 for 4, 125 for 16), which is why trees
+  that pay on GPUs do not here.
 * ``T_draft + T_other``: the drafter's time per round and the loop's own work, measured by decoding
   a calibration prompt for a few rounds with each candidate shape (:func:`plan_draft_shape`).
 * ``tau(shape)``: the drafter's per-depth acceptance on the target's own greedy answers to the
