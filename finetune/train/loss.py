@@ -41,6 +41,10 @@ def kl_terms(ref_logits: Tensor, draft_logits: Tensor, draft_target_ids: Tensor 
     return (ref_p * (ref_logp - draft_logp)).sum(-1)
 
 
+HEAD_KL_CHUNK = 128
+"""Rows per chunk of :meth:`ReferenceRows.head_kl`."""
+
+
 @dataclass
 class ReferenceRows:
     """Reference distributions at a set of positions, prepared once for several KL evaluations.
@@ -74,6 +78,59 @@ class ReferenceRows:
         return _RowKL.apply(
             draft_logits.float(), self.probs.index_select(0, rows), self.neg_entropy[rows], self.mass[rows]
         )
+
+    def head_kl(self, b: Tensor, t: Tensor, x: Tensor, weight: Tensor, chunk: int | None = None) -> Tensor:
+        """``KL(ref || softmax(x @ weight.T))`` per position for a **frozen** bias-free head, fused.
+
+        Equal to ``self.kl(b, t, F.linear(x, weight))`` but computed ``chunk`` rows at a time: each
+        chunk's logits, log-softmax and gradient ``(mass * softmax - p) @ weight`` are made while the
+        chunk is in cache, and only the [N, d] input gradient is kept for the backward (no [N, V]
+        logits or log-probabilities live across the TTT unroll). The chunked fused linear
+        cross-entropy of Liger-Kernel / Apple's Cut Cross-Entropy, written for a soft target.
+
+        Args:
+            b, t: [N] int64 batch and time index of each reference row.
+            x: [N, d] head input (differentiable; any float dtype, cast to ``weight.dtype``).
+            weight: [V_d, d] frozen head weight; its dtype is the products' (bfloat16 on CPUs with
+                bf16 units, float32 otherwise); log-softmax and KL run in float32.
+            chunk: rows per chunk (default :data:`HEAD_KL_CHUNK`).
+
+        Returns:
+            [N] float32, differentiable with respect to ``x`` only.
+
+        Raises:
+            IndexError: a position without a prepared row.
+        """
+        rows = self.row_of[b, t]
+        if bool((rows < 0).any()):
+            raise IndexError("KL asked at a position whose reference row was not prepared")
+        chunk = chunk or HEAD_KL_CHUNK
+        return _HeadRowKL.apply(x, weight.detach(), self.probs, rows, self.neg_entropy, self.mass, chunk)
+
+
+class _HeadRowKL(torch.autograd.Function):
+    """:meth:`ReferenceRows.head_kl`: the loss and its input gradient in one chunked pass."""
+
+    @staticmethod
+    def forward(ctx, x, weight, probs, rows, neg_entropy, mass, chunk):
+        xw = x.detach().to(weight.dtype)
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        gx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        for s in range(0, x.shape[0], chunk):
+            r = rows[s : s + chunk]
+            p = probs.index_select(0, r)  # [c, V]
+            logq = F.log_softmax(xw[s : s + chunk] @ weight.T, dim=-1, dtype=torch.float32)  # [c, V]
+            out[s : s + chunk] = neg_entropy[r] - torch.bmm(p.unsqueeze(1), logq.unsqueeze(2)).reshape(-1)
+            g = logq.exp_().mul_(mass[r][:, None]).sub_(p)  # d KL / d logits
+            gx[s : s + chunk] = (g.to(weight.dtype) @ weight).float()
+        ctx.save_for_backward(gx)
+        ctx.x_dtype = x.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (gx,) = ctx.saved_tensors
+        return (gx * grad[:, None]).to(ctx.x_dtype), None, None, None, None, None, None
 
 
 class _RowKL(torch.autograd.Function):

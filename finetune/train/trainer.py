@@ -171,14 +171,27 @@ class Trainer:
         """``head(x)`` as float32 logits: [N, d] -> [N, V]; in bf16 on CPUs with bf16 units."""
         if not self.bf16_heads:
             return head(x).float()
-        w = getattr(head, "weight", None)
-        if isinstance(head, nn.Linear) and head.bias is None and not w.requires_grad:
-            wb = self._frozen_bf16.get(id(head))
-            if wb is None:
-                wb = self._frozen_bf16[id(head)] = w.detach().to(torch.bfloat16)
+        wb = self._frozen_weight(head)
+        if wb is not None:
             return F.linear(x.to(torch.bfloat16), wb).float()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return head(x).float()
+
+    def _frozen_weight(self, head: nn.Module) -> Tensor | None:
+        """The weight of a frozen bias-free dense head in the dtype of its products, else None.
+
+        Such a head (the target's embedding under ``train='body'``) takes the fused chunked
+        head + KL (:meth:`ReferenceRows.head_kl`); a trainable or low-rank head keeps autograd.
+        """
+        w = getattr(head, "weight", None)
+        if not isinstance(head, nn.Linear) or head.bias is not None or w.requires_grad:
+            return None
+        if not self.bf16_heads:
+            return w
+        wb = self._frozen_bf16.get(id(head))
+        if wb is None:
+            wb = self._frozen_bf16[id(head)] = w.detach().to(torch.bfloat16)
+        return wb
 
     def _target_logits(self, final_hidden: Tensor) -> Tensor:
         """The target's logits at gathered final hidden states [N, dt] -> [N, V_t] float32."""
@@ -236,11 +249,17 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         kl_sums = torch.zeros(self.cfg.ttt_steps, device=self.device)
         ref_rows = self._target_reference(out, batch["loss_mask"]) if self.teacher_head is None else None
+        fused = self._frozen_weight(self.drafter.lm_head) if ref_rows is not None else None
         for st in ttt_unroll(
             self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
         ):
             b, t = st.valid.nonzero(as_tuple=True)
             normed = self.drafter.norm(st.hidden[b, t])  # [N, d]
+            if fused is not None:  # frozen dense head: chunked head + KL, no [N, V] autograd state
+                kl = ref_rows.head_kl(b, t + st.ref_positions_shift, normed, fused)
+                total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
+                kl_sums[st.step] = kl.detach().sum()
+                continue
             draft_logits = self._head(self.drafter.lm_head, normed)  # [N, V_d]
             if ref_rows is not None:
                 kl = ref_rows.kl(b, t + st.ref_positions_shift, draft_logits)  # target at t + 1 + s

@@ -78,3 +78,29 @@ def test_reference_rows_kl_and_gradient_equal_kl_terms():
     assert torch.allclose(grad, draft.grad, atol=1e-6)
     with pytest.raises(IndexError, match="not prepared"):
         rows.kl(torch.tensor([0]), torch.tensor([1]), draft[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_head_kl_equals_the_kl_of_the_head_logits(dtype):
+    g = torch.Generator().manual_seed(1)
+    where = torch.ones(2, 5, dtype=torch.bool)
+    ids = torch.tensor([0, 2, 3, 5, 6, 8, 9])  # a trimmed draft vocabulary: mass < 1
+    rows = reference_rows(torch.randn(10, 11, generator=g) * 3, where, ids)
+    weight = torch.randn(7, 4, generator=g)
+    x = torch.randn(9, 4, generator=g, requires_grad=True)
+    b, t = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 1]), torch.tensor([4, 0, 3, 1, 2, 2, 0, 4, 1])
+    scale = torch.arange(1.0, 10.0)
+    fused = rows.head_kl(b, t, x, weight.to(dtype), chunk=4)  # 3 chunks, the last one short
+    (fused * scale).sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    logits = x.to(dtype) @ weight.to(dtype).T
+    expect = rows.kl(b, t, logits.float())
+    (expect * scale).sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(fused, expect, atol=tol, rtol=tol)
+    assert torch.allclose(grad, x.grad, atol=tol, rtol=tol)
+    assert grad.abs().sum() > 0
+    with pytest.raises(IndexError, match="not prepared"):
+        reference_rows(torch.randn(1, 11), torch.tensor([[True, False]]), ids).head_kl(
+            torch.tensor([0]), torch.tensor([1]), x[:1], weight
+        )

@@ -141,6 +141,30 @@ def test_shared_reference_rows_give_the_per_step_loss_and_bf16_heads_stay_close(
     assert float(bf16) != float(per_step)  # guard: the bf16 products really ran
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_frozen_head_takes_the_fused_kl_with_the_same_loss_and_gradients(tmp_path, bf16):
+    """train='body' (frozen dense head): the chunked head + KL equals the head logits' KL."""
+    tr = _trainer(tmp_path, steps=1, train="body", bf16_autocast=False)
+    tr.bf16_heads = bf16
+    assert tr._frozen_weight(tr.drafter.lm_head) is not None  # the fused path is the one taken
+    batch = tr._local_batch(0, 0)
+    counts = tr._valid_counts(batch)
+    fused, fused_kl = tr._loss(batch, counts)
+    fused.backward()
+    grads = {n: p.grad.clone() for n, p in tr.drafter.named_parameters() if p.requires_grad}
+    tr.drafter.zero_grad()
+    tr._frozen_weight = lambda head: None  # the autograd path through [N, V] logits
+    plain, plain_kl = tr._loss(batch, counts)
+    plain.backward()
+    tol = 1e-5 if not bf16 else 2e-2
+    assert float(fused.detach()) == pytest.approx(float(plain.detach()), rel=tol)
+    assert torch.allclose(fused_kl, plain_kl, rtol=tol)
+    for n, p in tr.drafter.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(grads[n], p.grad, rtol=tol * 10, atol=tol * 1e-2), n
+    assert sum(float(g.abs().sum()) for g in grads.values()) > 0
+
+
 def test_pinned_step_values(tmp_path):
     """Regression pin: the first losses of a seeded run (computed once with this code, float32 CPU)."""
     tr = _trainer(tmp_path, steps=3, bf16_autocast=False)
