@@ -40,7 +40,7 @@ from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.devices import clock_ms
-from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval, chain_ranks
+from slimspec_convert.measure.chain_acceptance import OnPolicyEval, build_onpolicy_eval, chain_ranks
 from slimspec_convert.target.cache import keep_cache_slots, new_target_cache
 from slimspec_convert.target.forward import _cache_kwarg, resolve_aux_layers
 
@@ -277,6 +277,7 @@ def plan_draft_shape(
     max_new_tokens: int = 64,
     cost_tokens: int = 16,
     cache_dir: str | Path | None = None,
+    ev: OnPolicyEval | None = None,
 ) -> DraftPlan:
     """Pick the draft shape with the highest predicted greedy tokens/s (module docstring).
 
@@ -288,23 +289,28 @@ def plan_draft_shape(
         max_new_tokens: answer length of the calibration prompts.
         cost_tokens: tokens decoded with every candidate shape to time its drafting and loop work.
         cache_dir: where the verification-cost curve is cached.
+        ev: the target's answers to ``prompts`` and their aux hidden states, when already built
+            (:func:`build_onpolicy_eval` with ``max_new_tokens`` and the drafter's aux layers; e.g.
+            shared by the drafters of one benchmark); None builds it here.
 
     Returns:
         :class:`DraftPlan`.
 
     Raises:
-        ValueError: no calibration prompt, or answers too short for the deepest candidate.
+        ValueError: no calibration prompt, answers too short for the deepest candidate, or an
+            ``ev`` of other prompts or other aux layers.
     """
     if not prompts:
         raise ValueError("--draft auto needs at least one calibration prompt")
     t0 = time.perf_counter()
-    ev = build_onpolicy_eval(
-        model,
-        tokenizer,
-        list(prompts),
-        resolve_aux_layers(drafter.config, model),
-        max_new_tokens=max_new_tokens,
-    )
+    aux = resolve_aux_layers(drafter.config, model)
+    if ev is None:
+        ev = build_onpolicy_eval(model, tokenizer, list(prompts), aux, max_new_tokens=max_new_tokens)
+    elif list(ev.prompts) != list(prompts) or tuple(ev.aux_layers) != tuple(aux):
+        raise ValueError(
+            f"plan_draft_shape: the on-policy set was built for {len(ev.prompts)} other prompts or aux "
+            f"layers {tuple(ev.aux_layers)}, the drafter reads {tuple(aux)}"
+        )
     prompt_tokens = float(ev.answer_mask.int().argmax(1).float().mean())  # first answer position
     context = 64 * math.ceil((prompt_tokens + max_new_tokens / 2) / 64)
     vc = verify_cost(model, cache_dir, context=context)

@@ -29,6 +29,7 @@ from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
+from slimspec_convert.measure.chain_acceptance import OnPolicyEval, build_onpolicy_eval
 from slimspec_convert.measure.draft_shape import (
     AUTO_CALIBRATION_PROMPTS,
     AUTO_DRAFT,
@@ -39,6 +40,7 @@ from slimspec_convert.measure.draft_shape import (
 from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
+from slimspec_convert.target.forward import resolve_aux_layers
 from slimspec_convert.version import __version__
 
 DEFAULT_E2E_MAX_NEW_TOKENS = 64
@@ -230,10 +232,15 @@ def run_e2e(
         calibration = list(prompts)
         if cfg.auto_prompts is not None:
             calibration = [t[0] for t in load_prompts(cfg.auto_prompts)]
+        calibration = calibration[:AUTO_CALIBRATION_PROMPTS]
+        answered: dict[tuple[int, ...], OnPolicyEval] = {}  # the target answers once per aux layers
         for name, d in drafters.items():
             if progress is not None:
                 progress(f"--draft auto: planning {name}")
-            plans[name] = plan_draft_shape(target_model, tokenizer, d, calibration[:AUTO_CALIBRATION_PROMPTS])
+            aux = resolve_aux_layers(d.config, target_model)
+            if aux not in answered:
+                answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux)
+            plans[name] = plan_draft_shape(target_model, tokenizer, d, calibration, ev=answered[aux])
             if progress is not None:
                 progress(f"{name}: {plans[name].summary()}")
     shapes = {n: plans[n].draft if n in plans else DraftConfig(method=cfg.draft_method) for n in drafters}

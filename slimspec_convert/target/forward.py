@@ -146,14 +146,18 @@ def target_logits_at(model, final_hidden: Tensor, head=None) -> Tensor:
 
     Args:
         model: HF causal LM.
-        final_hidden: [..., dt] post-final-norm hidden states (``TargetOutput.final_hidden``).
+        final_hidden: [..., dt] post-final-norm hidden states (``TargetOutput.final_hidden``), any
+            float dtype (cast to the output embedding's).
         head: a callable standing in for the model's output embedding (e.g. a bf16 product);
             None uses ``model.get_output_embeddings()``.
 
     Returns:
         [..., V_t] float32 (applies any final logit soft-capping the model config declares).
     """
-    logits = (head or model.get_output_embeddings())(final_hidden).float()
+    if head is None:
+        head = model.get_output_embeddings()
+        final_hidden = final_hidden.to(head.weight.dtype)  # e.g. float32 cached features, bf16 target
+    logits = head(final_hidden).float()
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap

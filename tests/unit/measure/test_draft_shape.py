@@ -81,6 +81,9 @@ def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_can
     best = plan.candidates[0]
     round_s = (best.verify_ms + best.draft_and_loop_ms) / 1e3
     assert best.predicted_tokens_per_s == pytest.approx(best.predicted_tau / round_s)
+    with pytest.raises(ValueError, match="other prompts"):
+        ev = draft_shape.build_onpolicy_eval(target, tok, prompts, AUX, max_new_tokens=12)
+        plan_draft_shape(target, tok, drafter, prompts[:1], max_new_tokens=12, cache_dir=tmp_path, ev=ev)
 
 
 def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_path, monkeypatch):
@@ -95,7 +98,13 @@ def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_pat
     cfg = BenchE2EConfig(
         drafters=(("a", "-"), ("b", "-")), draft_method="auto", max_new_tokens=10, warmup_tokens=0
     )
+    from slimspec_convert.measure import e2e
+
+    built = []
+    real_build = e2e.build_onpolicy_eval
+    monkeypatch.setattr(e2e, "build_onpolicy_eval", lambda *a, **k: built.append(a[2]) or real_build(*a, **k))
     res = run_e2e(target, tok, drafters, prompts, cfg)
+    assert built == [prompts]  # the target answers the calibration prompts once for both drafters
     rows = {r.name: r for r in res.rows}
     plans = res.config["auto_plans"]
     assert set(plans) == {"a", "b"} and len(list((tmp_path / "verify_cost").glob("*.json"))) == 1
