@@ -256,14 +256,11 @@ class Trainer:
             b, t = st.valid.nonzero(as_tuple=True)
             normed = self.drafter.norm(st.hidden[b, t])  # [N, d]
             if fused is not None:  # frozen dense head: chunked head + KL, no [N, V] autograd state
-                kl = ref_rows.head_kl(b, t + st.ref_positions_shift, normed, fused)
-                total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
-                kl_sums[st.step] = kl.detach().sum()
-                continue
-            draft_logits = self._head(self.drafter.lm_head, normed)  # [N, V_d]
-            if ref_rows is not None:
-                kl = ref_rows.kl(b, t + st.ref_positions_shift, draft_logits)  # target at t + 1 + s
+                kl = ref_rows.head_kl(b, t + st.ref_positions_shift, normed, fused)  # target at t + 1 + s
+            elif ref_rows is not None:
+                kl = ref_rows.kl(b, t + st.ref_positions_shift, self._head(self.drafter.lm_head, normed))
             else:
+                draft_logits = self._head(self.drafter.lm_head, normed)  # [N, V_d]
                 with torch.no_grad():
                     ref = self._head(self.teacher_head, normed)  # original head on the same features
                 kl = kl_terms(ref, draft_logits)  # [N]
