@@ -10,7 +10,7 @@
 #   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec (the low-rank head alone, and
 #      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved; each drafter with
 #      its own --draft auto shape (planned on held-out training prompts, not on the benchmark)
-# Usage: bash examples/quickstart.sh [OUT_DIR]   (env: FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
+# Usage: bash examples/quickstart.sh [OUT_DIR]   (env: DRAFTER, FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -18,7 +18,7 @@ OUT=${1:-runs/quickstart}
 FT_STEPS=${FT_STEPS:-}  # empty: finetune's default
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 MAX_PROMPTS=${MAX_PROMPTS:-10}
-DRAFTER=drafters/smollm2-135m-eagle3
+DRAFTER=${DRAFTER:-drafters/smollm2-135m-eagle3}  # a full-vocabulary EAGLE-3 drafter of the target
 TRAIN_DATA=data/train/gsm8k/train.jsonl
 mkdir -p "$OUT"
 
