@@ -118,10 +118,10 @@ class _HeadRowKL(torch.autograd.Function):
         gx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         for s in range(0, x.shape[0], chunk):
             r = rows[s : s + chunk]
-            p = probs.index_select(0, r)  # [c, V]
             logq = F.log_softmax(xw[s : s + chunk] @ weight.T, dim=-1, dtype=torch.float32)  # [c, V]
-            out[s : s + chunk] = neg_entropy[r] - torch.bmm(p.unsqueeze(1), logq.unsqueeze(2)).reshape(-1)
-            g = logq.exp_().mul_(mass[r][:, None]).sub_(p)  # d KL / d logits
+            out[s : s + chunk], g = _kl_and_logit_grad(
+                logq, probs.index_select(0, r), neg_entropy[r], mass[r]
+            )
             gx[s : s + chunk] = (g.to(weight.dtype) @ weight).float()
         ctx.save_for_backward(gx)
         ctx.x_dtype = x.dtype
@@ -133,23 +133,28 @@ class _HeadRowKL(torch.autograd.Function):
         return (gx * grad[:, None]).to(ctx.x_dtype), None, None, None, None, None, None
 
 
+def _kl_and_logit_grad(logq: Tensor, p: Tensor, neg_entropy: Tensor, mass: Tensor) -> tuple[Tensor, Tensor]:
+    """``sum_i p_i (log p_i - log q_i)`` [M] and its gradient in the logits ``mass * q - p`` [M, V],
+    written into ``logq``'s storage (the cross term as a batched dot product)."""
+    kl = neg_entropy - torch.bmm(p.unsqueeze(1), logq.unsqueeze(2)).reshape(-1)
+    return kl, logq.exp_().mul_(mass[:, None]).sub_(p)
+
+
 class _RowKL(torch.autograd.Function):
     """``sum_i p_i (log p_i - log softmax(z)_i)`` with its gradient ``mass * softmax(z) - p`` written
-    out: one fused log-softmax forward whose output is reused by the backward (no autograd graph over
-    [N, V] temporaries), the cross term as a batched dot product."""
+    out: one fused log-softmax forward, the gradient made in its place and scaled by the backward (no
+    autograd graph over [N, V] temporaries)."""
 
     @staticmethod
     def forward(ctx, z: Tensor, p: Tensor, neg_entropy: Tensor, mass: Tensor) -> Tensor:
-        logq = F.log_softmax(z, dim=-1)  # [N, V]
-        ctx.save_for_backward(logq, p, mass)
-        cross = torch.bmm(p.unsqueeze(1), logq.unsqueeze(2)).reshape(-1)  # sum_i p_i log q_i
-        return neg_entropy - cross
+        kl, g = _kl_and_logit_grad(F.log_softmax(z, dim=-1), p, neg_entropy, mass)
+        ctx.save_for_backward(g)
+        return kl
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        logq, p, mass = ctx.saved_tensors
-        g = logq.exp().mul_((grad * mass)[:, None]).sub_(p * grad[:, None])
-        return g, None, None, None
+        (g,) = ctx.saved_tensors
+        return g * grad[:, None], None, None, None
 
 
 def reference_rows(
