@@ -8,12 +8,14 @@ Accepted record formats (``.jsonl`` one record per line, or ``.json`` holding an
   Self-Instruct ``{"instruction", "instances": [{"input", "output"}]}`` (one conversation per instance)
 * OpenAssistant trees ``{"prompt": {"role": "prompter", "text", "replies": [...]}}`` (every
   root-to-leaf path is a conversation)
+* any of these gzip-compressed (a name ending in ``.gz``: ``FILE.jsonl.gz``, ``FILE.json.gz``)
 * prompts only: a bare JSON string, ``{"prompt": str}`` or MT-Bench ``{"turns": [...]}``; these have
   no assistant turn and are either completed by the target (self-distillation) or skipped and counted.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -64,10 +66,18 @@ class DataStats:
 def _read_records(path: Path) -> Iterator[tuple[int, object]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: data file not found")
-    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".gz":
+        try:
+            text = gzip.decompress(path.read_bytes()).decode("utf-8")
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: not a readable gzip file ({e})") from e
+        kind = Path(path.stem).suffix
+    else:
+        text = path.read_text(encoding="utf-8")
+        kind = path.suffix
     if not text.strip():
         raise DataError(f"{path}: file is empty")
-    if path.suffix == ".json":
+    if kind == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

@@ -67,6 +67,26 @@ def test_bad_data_errors_name_file_and_line(tmp_path, tok):
         read_conversations([bad])
 
 
+def test_gzip_files_read_as_their_plain_text(tmp_path):
+    import gzip
+
+    distilled = DATA / "train" / "distilled" / "smollm2-135m-instruct.jsonl"
+    gz = tmp_path / "distilled.jsonl.gz"
+    gz.write_bytes(gzip.compress(distilled.read_bytes()))
+    assert read_conversations([gz]) == read_conversations([distilled])
+    arr = tmp_path / "a.json.gz"
+    arr.write_bytes(gzip.compress(json.dumps([{"question": "q", "answer": "a"}]).encode()))
+    assert read_conversations([arr]) == [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(distilled.read_bytes())[:100])
+    with pytest.raises(DataError, match="broken.jsonl.gz: not a readable gzip file"):
+        read_conversations([broken])
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b"{not json\n"))
+    with pytest.raises(DataError, match="bad.jsonl.gz:1: malformed JSON line"):
+        read_conversations([bad])
+
+
 def test_no_assistant_and_too_long_are_counted(tok):
     stats = DataStats()
     convs = [
