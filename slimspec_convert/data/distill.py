@@ -167,12 +167,11 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
 def is_distilled(paths: list[str | Path]) -> bool:
     """True when every file's first record carries distillation provenance (a file :func:`distill` wrote)."""
     for p in paths:
-        with open(p, encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
         try:
-            if "provenance" not in json.loads(first):
-                return False
-        except (json.JSONDecodeError, TypeError):
+            first = next(_read_records(Path(p)), (0, None))[1]
+        except DataError:
+            return False
+        if not isinstance(first, dict) or "provenance" not in first:
             return False
     return bool(paths)
 
@@ -324,11 +323,14 @@ def distill(
         :class:`DistillReport`.
 
     Raises:
-        DataError: bad data, a benchmark source (see :func:`read_prompts`), or no prompt at all.
+        DataError: bad data, a benchmark source (see :func:`read_prompts`), no prompt at all, or a
+            gzip ``out`` (answers are appended as plain JSONL).
     """
     from tqdm.auto import tqdm
 
     out = Path(out)
+    if out.suffix == ".gz":
+        raise DataError(f"{out}: distill appends plain JSONL; write FILE.jsonl (gzip it afterwards to commit it)")
     prompts = read_prompts(list(data), cfg.allow_eval_data)
     if only is not None:
         prompts = [p for p in prompts if (p.source, p.line) in only]

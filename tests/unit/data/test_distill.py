@@ -138,3 +138,19 @@ def test_cli_distill_refuses_benchmark_data_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 2 and "refused as training data" in result.output
     assert not out.exists()
+
+
+def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompts_file, tmp_path):
+    import gzip
+
+    from slimspec_convert.data.distill import is_distilled
+
+    model, tok = tiny_target(), tiny_tokenizer()
+    out = tmp_path / "d.jsonl"
+    distill(model, tok, [prompts_file], out, DistillConfig(max_new_tokens=4, limit=2))
+    gz = tmp_path / "d.jsonl.gz"
+    gz.write_bytes(gzip.compress(out.read_bytes()))
+    assert is_distilled([out]) and is_distilled([gz]) and not is_distilled([prompts_file, gz])
+    with pytest.raises(DataError, match=r"d2.jsonl.gz: distill appends plain JSONL"):
+        distill(model, tok, [prompts_file], tmp_path / "d2.jsonl.gz", DistillConfig(max_new_tokens=4))
+    assert not (tmp_path / "d2.jsonl.gz").exists()
