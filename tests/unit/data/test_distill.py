@@ -154,3 +154,17 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
     with pytest.raises(DataError, match=r"d2.jsonl.gz: distill appends plain JSONL"):
         distill(model, tok, [prompts_file], tmp_path / "d2.jsonl.gz", DistillConfig(max_new_tokens=4))
     assert not (tmp_path / "d2.jsonl.gz").exists()
+
+
+def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt():
+    from slimspec_convert.data.distill import _eval_prompt_index, _normalise, is_distilled
+    from slimspec_convert.data.records import read_conversations
+
+    path = DATA / "train" / "distilled" / "smollm2-135m-instruct-onpolicy.jsonl.gz"
+    assert is_distilled([path])
+    firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
+    assert len(firsts) == 3136
+    held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
+    bench = _eval_prompt_index()
+    assert len(bench) > 1000 and len(held) == 24
+    assert not [t for t in firsts if t in bench or t in held]
