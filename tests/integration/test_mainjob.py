@@ -109,12 +109,14 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.867 of the
-# step-550 demo drafter after this test's calibrated convert and 20-step head fine-tune (measured at
-# commit 5de39f2, torch 2.13.0 CPU, float32, greedy: tau full 1.769, slimspec 1.533). Greedy decoding
-# is deterministic; the tolerance covers float differences across machines. A regression of the
-# convert or the fine-tune moves it out of the band, an improvement too: then re-pin it.
-PINNED_SLIMSPEC_RHO_TAU = 0.867
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.829 of the
+# stage-2 demo drafter (trained on the target's own answers, 2026-12-02) after this test's calibrated
+# convert and 20-step head fine-tune (measured at commit c2bf054, torch 2.13.0 CPU, float32, greedy:
+# tau full 1.983, slimspec 1.643; the step-550 drafter before it gave 0.867 = 1.533 / 1.769). Greedy
+# decoding is deterministic; the tolerance covers float differences across machines. A regression of
+# the convert or the fine-tune moves it out of the band, an improvement too: then re-pin it, and so
+# does a new demo drafter.
+PINNED_SLIMSPEC_RHO_TAU = 0.829
 
 
 @pytest.mark.integration
