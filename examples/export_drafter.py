@@ -32,4 +32,5 @@ want, got = drafter.state_dict(), back.state_dict()
 assert want.keys() == got.keys()
 for k in want:
     assert torch.equal(want[k].to(torch.bfloat16), got[k].to(torch.bfloat16)), k
-print(f"exported {dst}: {sum(p.stat().st_size for p in dst.iterdir())} bytes, {len(want)} tensors equal after reload")
+size = sum(p.stat().st_size for p in dst.iterdir())
+print(f"exported {dst}: {size} bytes, {len(want)} tensors equal after reload")

@@ -330,7 +330,7 @@ def distill(
 
     out = Path(out)
     if out.suffix == ".gz":
-        raise DataError(f"{out}: distill appends plain JSONL; write FILE.jsonl (gzip it afterwards to commit it)")
+        raise DataError(f"{out}: distill appends plain JSONL; write FILE.jsonl (gzip it afterwards)")
     prompts = read_prompts(list(data), cfg.allow_eval_data)
     if only is not None:
         prompts = [p for p in prompts if (p.source, p.line) in only]

@@ -76,7 +76,8 @@ def test_gzip_files_read_as_their_plain_text(tmp_path):
     assert read_conversations([gz]) == read_conversations([distilled])
     arr = tmp_path / "a.json.gz"
     arr.write_bytes(gzip.compress(json.dumps([{"question": "q", "answer": "a"}]).encode()))
-    assert read_conversations([arr]) == [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
+    qa = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert read_conversations([arr]) == [qa]
     broken = tmp_path / "broken.jsonl.gz"
     broken.write_bytes(gzip.compress(distilled.read_bytes())[:100])
     with pytest.raises(DataError, match="broken.jsonl.gz: not a readable gzip file"):
