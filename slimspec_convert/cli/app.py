@@ -52,6 +52,12 @@ def command(name: str | None = None, on: typer.Typer = app) -> Callable:
     return register
 
 
+LINEAR_PRODUCT_HELP = (
+    "linear layers' product: auto (time the target's verification both ways once per machine, keep the "
+    "faster), torch (x @ W.T) or transposed ((W @ x.T).T)"
+)
+
+
 def apply_threads(threads: int | None) -> None:
     """``--threads``: torch CPU threads (None keeps torch's default).
 

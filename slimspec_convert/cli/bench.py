@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from slimspec_convert.cli.app import (
+    LINEAR_PRODUCT_HELP,
     apply_threads,
     bench_app,
     command,
@@ -248,6 +249,9 @@ def bench_e2e_cmd(
     dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default(BenchE2EConfig, "dtype"),
     device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default(BenchE2EConfig, "device"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    linear_product: Annotated[str, typer.Option(help=LINEAR_PRODUCT_HELP)] = default(
+        BenchE2EConfig, "linear_product"
+    ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from slimspec_convert.cli.app import apply_threads, command
+from slimspec_convert.cli.app import LINEAR_PRODUCT_HELP, apply_threads, command
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.measure.draft_shape import AUTO_DRAFT
@@ -73,6 +73,7 @@ def generate(
         str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")
     ] = _GEN.device,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
+    linear_product: Annotated[str, typer.Option(help=LINEAR_PRODUCT_HELP)] = _GEN.linear_product,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON list, one object per prompt")
     ] = False,
@@ -92,6 +93,7 @@ def generate(
         device=device,
         max_prompts=limit,
         rerank=rerank,
+        linear_product=linear_product,
     )
     auto = draft == AUTO_DRAFT
     dcfg = (
@@ -103,7 +105,10 @@ def generate(
     on_text = (lambda text: typer.echo(text, nl=False)) if stream else None
     plans = []
     on_plan = (lambda plan: (plans.append(plan), typer.echo(plan.summary(), err=True))) if auto else None
-    results = generate_from_paths(target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan)
+    on_linear = (lambda c: typer.echo(c.summary(), err=True)) if linear_product == "auto" else None
+    results = generate_from_paths(
+        target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan, on_linear
+    )
     if plans:
         typer.echo(auto_line(plans[0], results), err=True)
     if stream:

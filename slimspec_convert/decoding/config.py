@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
+from slimspec_convert.target.linear_product import check_linear_product
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,10 @@ class GenerateConfig:
     device: str = "auto"
     max_prompts: int | None = None
     rerank: int = 0  # low-rank head: rescore its top-k logits exactly (0 = off)
+    linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
 
     def __post_init__(self) -> None:
+        check_linear_product("GenerateConfig", self.linear_product)
         if self.rerank < 0:
             raise ValueError(f"GenerateConfig.rerank={self.rerank}: expected >= 0 (0 = off)")
         if self.batch_size < 1:

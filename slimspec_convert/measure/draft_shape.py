@@ -8,7 +8,7 @@ A speculation round costs ``T_draft(shape) + T_verify(n)``, with ``n`` the token
 
 * ``T_verify(n)``: the target's forward of ``n`` new tokens after a context as long as the
   calibration prompts' typical one (prompt plus half an answer, rounded up to 64 tokens), measured
-  once per (target, device, dtype, threads, torch, context) and cached as JSON under
+  once per (target, device, dtype, threads, torch, context, linear product) and cached as JSON under
   ``$SLIMSPEC_CACHE/verify_cost`` (:func:`verify_cost`). On CPUs it grows with the tokens (SmolLM2 on
   2 cores, float32, 128-token context: 54 ms for 1 or 2, 78 for 4, 125 for 16), which is why trees
   that pay on GPUs do not here.
@@ -43,6 +43,7 @@ from slimspec_convert.devices import clock_ms
 from slimspec_convert.measure.chain_acceptance import OnPolicyEval, build_onpolicy_eval, chain_ranks
 from slimspec_convert.target.cache import keep_cache_slots, new_target_cache
 from slimspec_convert.target.forward import _cache_kwarg, resolve_aux_layers
+from slimspec_convert.target.linear_product import linear_product
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,9 @@ class VerifyCost:
         return asdict(self)
 
 
-def _verify_key(model, context: int) -> dict:
+def verify_key(model, context: int) -> dict:
+    """What a verification timing is of: target config hash, device, dtype, threads, torch, context,
+    and the linear layers' product (:mod:`slimspec_convert.target.linear_product`)."""
     p = next(model.parameters())
     cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     return {
@@ -96,6 +99,7 @@ def _verify_key(model, context: int) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "context": context,
+        "linear_product": linear_product(model),
     }
 
 
@@ -134,13 +138,14 @@ def measure_verify_cost(
             if r:
                 samples.append(dt)
         ms.append(statistics.median(samples))
-    return VerifyCost(tuple(tokens), tuple(ms), context, _verify_key(model, context))
+    return VerifyCost(tuple(tokens), tuple(ms), context, verify_key(model, context))
 
 
 def verify_cost(
     model, cache_dir: str | Path | None = None, refresh: bool = False, context: int = VERIFY_CONTEXT
 ) -> VerifyCost:
-    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch, context) as JSON.
+    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch, context, linear
+    product) as JSON.
 
     Args:
         model: HF causal LM.
@@ -150,7 +155,7 @@ def verify_cost(
     """
     from slimspec_convert.target.fetch import cache_dir as default_cache
 
-    key = _verify_key(model, context)
+    key = verify_key(model, context)
     folder = Path(cache_dir) if cache_dir is not None else default_cache() / "verify_cost"
     path = folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
     if path.is_file() and not refresh:

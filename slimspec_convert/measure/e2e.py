@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
@@ -37,10 +37,12 @@ from slimspec_convert.measure.draft_shape import (
     plan_draft_shape,
     shape_name,
 )
+from slimspec_convert.measure.linear_product import apply_linear_product
 from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.target.forward import resolve_aux_layers
+from slimspec_convert.target.linear_product import check_linear_product
 from slimspec_convert.version import __version__
 
 DEFAULT_E2E_MAX_NEW_TOKENS = 64
@@ -80,8 +82,10 @@ class BenchE2EConfig:
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
     auto_prompts: str | None = None  # --draft auto: calibration prompts file (default: the first prompts)
+    linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
 
     def __post_init__(self) -> None:
+        check_linear_product("BenchE2EConfig", self.linear_product)
         if not self.drafters:
             raise ValueError("BenchE2EConfig.drafters is empty: give at least one --drafter NAME=PATH")
         names = [n for n, _ in self.drafters]
@@ -167,6 +171,7 @@ class E2EResult:
     config: dict
     per_prompt: dict[str, list[dict]]
     machine: MachineState | None = None  # the larger 1-min load of the readings before and after
+    linear_product: dict | None = None  # LinearProductChoice.to_dict() of the run
 
     def to_dict(self) -> dict:
         """JSON-ready dict with the package version."""
@@ -214,18 +219,22 @@ def run_e2e(
         tokenizer: its tokenizer (chat template applied to the prompts).
         drafters: name -> drafter, in report order.
         prompts: user prompts.
-        cfg: decoding length, batch size, draft method, reference.
+        cfg: decoding length, batch size, draft method, reference, linear product (set on the
+            target and every drafter first, :func:`.linear_product.apply_linear_product`).
         progress: called with a short line per batch.
 
     Returns:
         :class:`E2EResult` (plain decoding first), with the machine's state (busy when the 1-min
-        load average before or after the run exceeds the core count).
+        load average before or after the run exceeds the core count) and the linear product used.
 
     Raises:
         ValueError: a drafter that does not fit the target, or no prompts.
     """
     if not prompts:
         raise ValueError("no prompts to benchmark")
+    linear = apply_linear_product(target_model, drafters.values(), cfg.linear_product)
+    if progress is not None:
+        progress(linear.summary())
     configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
     plans: dict[str, DraftPlan] = {}
     if cfg.draft_method == AUTO_DRAFT:
@@ -274,7 +283,8 @@ def run_e2e(
     p = next(target_model.parameters())
     run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
     machine = machine_state(load_1m=max(loads) if loads else None)
-    return _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans)
+    result = _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans)
+    return replace(result, linear_product=linear.to_dict())
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:

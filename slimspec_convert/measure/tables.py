@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slimspec_convert.measure.e2e import E2EResult
+from slimspec_convert.measure.linear_product import LinearProductChoice
 
 
 def fmt_number(x: float | None, digits: int = 3) -> str:
@@ -56,5 +57,9 @@ def e2e_markdown(result: E2EResult) -> str:
         lines.append(
             f"Machine: 1-min load average {fmt_number(m.load_1m, 2)} on {m.cpu_count} cores"
             + (f"; BUSY ({m.reason}): timings are noisy." if m.busy else ".")
+        )
+    if result.linear_product is not None:
+        lines.append(
+            f"Target and drafters, {LinearProductChoice.from_dict(result.linear_product).summary()}."
         )
     return "\n".join(lines) + "\n"

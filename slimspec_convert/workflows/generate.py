@@ -17,6 +17,7 @@ from slimspec_convert.measure.draft_shape import (
     DraftPlan,
     plan_draft_shape,
 )
+from slimspec_convert.measure.linear_product import LinearProductChoice, apply_linear_product
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.target.load import load_target
 
@@ -95,6 +96,7 @@ def generate_from_paths(
     scfg: SamplingConfig,
     on_text: Callable[[str], None] | None = None,
     on_plan: Callable[[DraftPlan], None] | None = None,
+    on_linear: Callable[[LinearProductChoice], None] | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -108,6 +110,8 @@ def generate_from_paths(
         on_text: stream the output: called with each piece of text as its tokens are committed
             (special tokens skipped, so the pieces join into ``result.text``); one prompt only.
         on_plan: called with the :class:`DraftPlan` of ``--draft auto`` before decoding.
+        on_linear: called with the linear product set on both models (``gcfg.linear_product``,
+            :func:`~slimspec_convert.measure.linear_product.apply_linear_product`) before decoding.
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -126,6 +130,9 @@ def generate_from_paths(
     if gcfg.max_prompts is not None:
         turns = turns[: gcfg.max_prompts]
     model, tokenizer, module = load_generation_models(target, drafter, gcfg)
+    linear = apply_linear_product(model, [module], gcfg.linear_product)
+    if on_linear is not None:
+        on_linear(linear)
     if dcfg == AUTO_DRAFT:
         dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan)
     gen = SpeculativeGenerator(

@@ -70,6 +70,8 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
         "6",
         "--draft",
         "chain",
+        "--linear-product",
+        "transposed",
         "--json",
     ]
     for name, path in paths.items():
@@ -98,6 +100,7 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
         "device": "cpu",
         "dtype": "float32",
     }  # --dtype/--device auto on a CPU
+    assert summary["linear_product"]["product"] == "transposed"  # on the target and every drafter
     # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
     assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
@@ -136,6 +139,7 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert "| low | lowrank r=8 V_d=128 | chain-5 |" in md
     assert "| lowrr | lowrank r=8 +rerank k=16 V_d=128 | chain-5 |" in md
     assert "batch 1, draft chain, cpu float32." in md
+    assert "Target and drafters, linear product: transposed (as asked)." in md
     assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
