@@ -113,7 +113,8 @@ def measure_verify_cost(
         model: HF causal LM (eval mode).
         tokens: counts to measure.
         context: cached tokens before them (the cache is cropped back after every call).
-        repeats: timed calls per count (the median is kept; one untimed call first).
+        repeats: timed calls per count (the median is kept; one untimed round first). The counts
+            are timed in turn, ``repeats + 1`` rounds over all of them.
 
     Returns:
         :class:`VerifyCost` in milliseconds.
@@ -125,19 +126,18 @@ def measure_verify_cost(
     cache = new_target_cache()
     kw = _cache_kwarg(model)
     model(input_ids=ids[:, :context], use_cache=True, **{kw: cache})
-    ms = []
-    for n in tokens:
-        x = ids[:, context : context + n]
-        pos = torch.arange(context, context + n, device=dev)[None]
-        samples = []
-        for r in range(repeats + 1):
+    samples: dict[int, list[float]] = {n: [] for n in tokens}
+    for r in range(repeats + 1):  # counts interleaved, so a burst of machine noise hits them all alike
+        for n in tokens:
+            x = ids[:, context : context + n]
+            pos = torch.arange(context, context + n, device=dev)[None]
             t0 = clock_ms(dev)
             model(input_ids=x, position_ids=pos, use_cache=True, **{kw: cache})
             dt = clock_ms(dev) - t0
             keep_cache_slots(cache, context, None, 0)
             if r:
-                samples.append(dt)
-        ms.append(statistics.median(samples))
+                samples[n].append(dt)
+    ms = [statistics.median(samples[n]) for n in tokens]
     return VerifyCost(tuple(tokens), tuple(ms), context, verify_key(model, context))
 
 
