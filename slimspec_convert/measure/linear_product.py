@@ -88,7 +88,10 @@ def _measure(model) -> tuple[tuple[float, ...], tuple[float, ...]]:
 def choose_linear_product(
     model, cache_dir: str | Path | None = None, refresh: bool = False
 ) -> LinearProductChoice:
-    """The faster product for ``model``'s verification forwards (module docstring); sets nothing.
+    """The faster product for ``model``'s verification forwards (module docstring).
+
+    Chooses only: the model's linear layers are left in torch's product (set it with
+    :func:`apply_linear_product` or :func:`~slimspec_convert.target.linear_product.set_linear_product`).
 
     Args:
         model: HF causal LM (eval mode), its linear layers in either product.
