@@ -45,7 +45,7 @@ def main() -> None:
     lows = {p: load_drafter(p, target=model)[0].float().eval() for p in args.low}
     cfg = FinetuneConfig(max_length=256, ttt_steps=3)
     examples, _ = load_examples(tok, DATA, cfg.max_length)
-    _, held = split_heldout(examples, cfg.max_eval_fraction, cfg.seed)
+    _, held = split_heldout(examples, cfg.max_eval_fraction, cfg.split_seed)
     held = held[: args.conversations]
     aux = dense.config.resolved_aux_layer_ids(num_target_layers(model))
     lm_head = target_lm_head(model).float()  # [V, d_t]

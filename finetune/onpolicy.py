@@ -99,7 +99,7 @@ def prepare_onpolicy(
     if eval_data:
         train_prompts, held = prompts, read_prompts(list(eval_data))[: cfg.metric_prompts]
     else:
-        train_prompts, held = _split_prompts(prompts, cfg.metric_prompts, cfg.seed)
+        train_prompts, held = _split_prompts(prompts, cfg.metric_prompts, cfg.split_seed)
     held_texts = [r.messages[-1][1] for r in held]
     if is_distilled(list(data)):
         files = list(data)

@@ -91,7 +91,7 @@ def _train_eval(tok, examples, eval_data, cfg):
     if eval_data:
         eval_ex, _ = load_examples(tok, eval_data, cfg.max_length)
         return examples, eval_ex
-    return split_heldout(examples, cfg.max_eval_fraction, cfg.seed)
+    return split_heldout(examples, cfg.max_eval_fraction, cfg.split_seed)
 
 
 def finetune(

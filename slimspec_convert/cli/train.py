@@ -42,6 +42,9 @@ EvalBatches = Annotated[int, typer.Option(help="held-out batches per evaluation"
 SaveEvery = Annotated[int, typer.Option("--save-every", help="resumable checkpoint every N steps")]
 Warmup = Annotated[int, typer.Option(help="linear warmup steps")]
 Seed = Annotated[int, typer.Option(help="data order / init seed")]
+SplitSeed = Annotated[
+    int, typer.Option(help="which examples / prompts are held out (kept apart from --seed across stages)")
+]
 Resume = Annotated[bool, typer.Option("--resume", help="continue from OUT/training_state.pt exactly")]
 Force = Annotated[bool, typer.Option("--force", help="allow a non-empty OUT")]
 SelfDistill = Annotated[
@@ -96,6 +99,7 @@ def finetune(
     save_every: SaveEvery = _F.save_every,
     warmup_steps: Warmup = _F.warmup_steps,
     seed: Seed = _F.seed,
+    split_seed: SplitSeed = _F.split_seed,
     data_source: DataSource = _F.data_source,
     metric_prompts: MetricPrompts = _F.metric_prompts,
     metric_depth: MetricDepth = _F.metric_depth,
@@ -149,6 +153,7 @@ def train_drafter(
     save_every: SaveEvery = _T.save_every,
     warmup_steps: Warmup = _T.warmup_steps,
     seed: Seed = _T.seed,
+    split_seed: SplitSeed = _T.split_seed,
     data_source: DataSource = _T.data_source,
     metric_prompts: MetricPrompts = _T.metric_prompts,
     metric_depth: MetricDepth = _T.metric_depth,

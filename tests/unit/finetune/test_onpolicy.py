@@ -72,3 +72,44 @@ def test_onpolicy_finetune_distils_only_what_it_trains_on_and_reports_measured_t
     assert (meas["depth"], meas["num_prompts"]) == (3, 2) and meas["initial_tau"] >= 1.0
     report = json.loads((out / "finetune_report.json").read_text())
     assert report["extra"]["measured"] == meas and "selection" in report["extra"]
+
+
+def test_the_heldout_split_follows_split_seed_not_seed(tmp_path, monkeypatch):
+    """A later stage run with another --seed (new order) holds out the same prompts and examples."""
+    import pytest
+
+    from finetune import onpolicy
+    from finetune.run import _train_eval
+
+    examples = list(range(100))
+    held = {
+        (seed, split): tuple(
+            _train_eval(None, examples, None, FinetuneConfig(seed=seed, split_seed=split))[1]
+        )
+        for seed, split in ((0, 0), (1, 0), (0, 1))
+    }
+    assert held[(0, 0)] == held[(1, 0)] != held[(0, 1)] and len(held[(0, 0)]) == 5
+
+    seen = []
+
+    class StopError(Exception):
+        pass
+
+    def split(prompts, n, seed):
+        seen.append(seed)
+        raise StopError
+
+    monkeypatch.setattr(onpolicy, "_split_prompts", split)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(40)))
+    for cfg in (FinetuneConfig(seed=3, split_seed=0), FinetuneConfig(seed=3, split_seed=5)):
+        with pytest.raises(StopError):
+            onpolicy.prepare_onpolicy(None, None, (1, 2, 3), [prompts], tmp_path / "out", cfg)
+    assert seen == [0, 5]
+    monkeypatch.undo()
+    a = onpolicy._split_prompts(list(range(40)), 16, 0)[1]
+    assert (
+        a
+        == onpolicy._split_prompts(list(range(40)), 16, 0)[1]
+        != onpolicy._split_prompts(list(range(40)), 16, 5)[1]
+    )
