@@ -62,7 +62,7 @@ class FinetuneConfig:
     eval_batches: int = 4
     save_every: int = RECOVERY_EVAL_EVERY
     seed: int = 0  # data order, initialisation
-    split_seed: int = 0  # which examples or prompts are held out (as HF's data_seed: apart from seed)
+    split_seed: int = 0  # which examples or prompts are held out, apart from seed (stages keep one split)
     lora_rank: int = 16
     lora_alpha: int = 32
     num_workers_hint: int = 0

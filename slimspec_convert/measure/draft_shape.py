@@ -51,6 +51,7 @@ AUTO_DRAFT = "auto"  # --draft auto
 AUTO_CALIBRATION_PROMPTS = 4  # prompts the target answers once to measure the drafter's acceptance
 VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 VERIFY_CONTEXT = 256  # cached tokens before the verified ones, unless the plan gives its own
+VERIFY_TIMING = "interleaved"  # how the curve is timed (cache key: curves timed another way are redone)
 CHAIN_DEPTHS = (1, 2, 3, 4, 5)
 TREE_SHAPES = ((3, 2, 6), (3, 3, 9), (4, 2, 8), (4, 3, 12), (4, 4, 16), (5, 3, 15), (5, 4, 20), (6, 4, 24))
 
@@ -89,7 +90,7 @@ class VerifyCost:
 
 def verify_key(model, context: int) -> dict:
     """What a verification timing is of: target config hash, device, dtype, threads, torch, context,
-    and the linear layers' product (:mod:`slimspec_convert.target.linear_product`)."""
+    the linear layers' product (:mod:`slimspec_convert.target.linear_product`) and the timing method."""
     p = next(model.parameters())
     cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     return {
@@ -100,6 +101,7 @@ def verify_key(model, context: int) -> dict:
         "torch": torch.__version__,
         "context": context,
         "linear_product": linear_product(model),
+        "timing": VERIFY_TIMING,
     }
 
 
