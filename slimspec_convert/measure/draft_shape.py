@@ -143,6 +143,26 @@ def measure_verify_cost(
     return VerifyCost(tuple(tokens), tuple(ms), context, verify_key(model, context))
 
 
+def timing_cache_path(cache_dir: str | Path | None, kind: str, key: dict) -> Path:
+    """``cache_dir`` (default ``$SLIMSPEC_CACHE/<kind>``) / a 16-hex hash of ``key`` + ``.json``."""
+    from slimspec_convert.target.fetch import cache_dir as default_cache
+
+    folder = Path(cache_dir) if cache_dir is not None else default_cache() / kind
+    return folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
+
+
+def read_timing_cache(path: Path, key: dict) -> dict | None:
+    """The cached JSON at ``path`` when it exists, parses and holds ``key``; else None (logged)."""
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        logger.warning("%s: unreadable timing cache; timing again", path)
+        return None
+    return raw if isinstance(raw, dict) and raw.get("key") == key else None
+
+
 def verify_cost(
     model, cache_dir: str | Path | None = None, refresh: bool = False, context: int = VERIFY_CONTEXT
 ) -> VerifyCost:
@@ -155,20 +175,16 @@ def verify_cost(
         refresh: measure again even when a file exists.
         context: cached tokens before the verified ones.
     """
-    from slimspec_convert.target.fetch import cache_dir as default_cache
-
     key = verify_key(model, context)
-    folder = Path(cache_dir) if cache_dir is not None else default_cache() / "verify_cost"
-    path = folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
-    if path.is_file() and not refresh:
+    path = timing_cache_path(cache_dir, "verify_cost", key)
+    raw = None if refresh else read_timing_cache(path, key)
+    if raw is not None:
         try:
-            raw = json.loads(path.read_text())
-            if raw.get("key") == key:
-                return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
+        except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable verification-cost cache; measuring again", path)
     vc = measure_verify_cost(model, context=context)
-    folder.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, vc.to_dict())
     return vc
 

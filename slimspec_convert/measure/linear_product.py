@@ -10,8 +10,6 @@ keeps torch's product without timing anything.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -21,7 +19,12 @@ import torch
 from torch import nn
 
 from slimspec_convert.atomic import atomic_write_json
-from slimspec_convert.measure.draft_shape import measure_verify_cost, verify_key
+from slimspec_convert.measure.draft_shape import (
+    measure_verify_cost,
+    read_timing_cache,
+    timing_cache_path,
+    verify_key,
+)
 from slimspec_convert.target.linear_product import (
     LINEAR_PRODUCTS,
     TORCH_PRODUCT,
@@ -104,16 +107,13 @@ def choose_linear_product(
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32:
         return LinearProductChoice(TORCH_PRODUCT, "auto")
-    from slimspec_convert.target.fetch import cache_dir as default_cache
-
     set_linear_product(model, TORCH_PRODUCT)
     key = verify_key(model, CHOICE_CONTEXT)
-    folder = Path(cache_dir) if cache_dir is not None else default_cache() / "linear_product"
-    path = folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
-    if path.is_file() and not refresh:
+    path = timing_cache_path(cache_dir, "linear_product", key)
+    raw = None if refresh else read_timing_cache(path, key)
+    if raw is not None:
         try:
-            raw = json.loads(path.read_text())
-            if raw.get("key") == key and tuple(raw["tokens"]) == CHOICE_TOKENS:
+            if tuple(raw["tokens"]) == CHOICE_TOKENS:
                 return LinearProductChoice(
                     raw["product"],
                     "auto",
@@ -122,12 +122,12 @@ def choose_linear_product(
                     tuple(raw["transposed_ms"]),
                     True,
                 )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable linear-product cache; timing again", path)
     torch_ms, transposed_ms = _measure(model)
     product = TRANSPOSED_PRODUCT if sum(transposed_ms) < sum(torch_ms) else TORCH_PRODUCT
     choice = LinearProductChoice(product, "auto", CHOICE_TOKENS, torch_ms, transposed_ms)
-    folder.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {**choice.to_dict(), "key": key})
     return choice
 
