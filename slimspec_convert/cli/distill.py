@@ -23,6 +23,9 @@ def distill(
     out: Annotated[Path, typer.Option(help="JSONL file to write (extended with what is missing)")],
     batch_size: Annotated[int, typer.Option(help="prompts per generate call (left-padded)")] = _D.batch_size,
     max_new_tokens: Annotated[int, typer.Option(help="answer length cap")] = _D.max_new_tokens,
+    max_prompt_tokens: Annotated[
+        int, typer.Option(help="prompts longer than this (rendered, in tokens) are skipped and counted")
+    ] = _D.max_prompt_tokens,
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = sampled data")] = _D.temperature,
     top_p: Annotated[float, typer.Option(help="nucleus mass for sampled data")] = _D.top_p,
     seed: Annotated[int, typer.Option(help="sampling seed")] = _D.seed,

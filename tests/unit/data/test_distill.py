@@ -168,3 +168,30 @@ def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt():
     bench = _eval_prompt_index()
     assert len(bench) > 1000 and len(held) == 24
     assert not [t for t in firsts if t in bench or t in held]
+
+
+def test_cli_max_prompt_tokens_skips_and_counts_long_prompts(prompts_file, tmp_path):
+    tok = tiny_tokenizer()
+    tpath = save_tiny_target(tiny_target(), tmp_path / "target")
+    tok.save_pretrained(tpath)
+    texts = [json.loads(x)["prompt"] for x in prompts_file.read_text().splitlines()]
+    lengths = [len(tok(_render_user(tok, t), add_special_tokens=False)["input_ids"]) for t in texts]
+    cap = sorted(lengths)[2]  # the three shortest prompts fit (ties aside), the rest are skipped
+    out = tmp_path / "d.jsonl"
+    args = ["distill", "--target", str(tpath), "--data", str(prompts_file), "--out", str(out)]
+    result = CliRunner().invoke(
+        app, [*args, "--max-new-tokens", "2", "--max-prompt-tokens", str(cap), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{") :])
+    fit = sum(n <= cap for n in lengths)
+    assert (report["num_written"], report["num_skipped_long"]) == (fit, 5 - fit)
+    assert sorted(r["provenance"]["line"] for r in _records(out)) == [
+        i + 1 for i, n in enumerate(lengths) if n <= cap
+    ]
+
+
+def _render_user(tok, question: str) -> str:
+    return tok.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
