@@ -24,11 +24,14 @@ def prompts_file(tmp_path):
     return path
 
 
-def _plain_greedy(model, tok, question: str, max_new_tokens: int) -> str:
-    text = tok.apply_chat_template(
+def _render_user(tok, question: str) -> str:
+    return tok.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
     )
-    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+
+
+def _plain_greedy(model, tok, question: str, max_new_tokens: int) -> str:
+    ids = tok(_render_user(tok, question), return_tensors="pt", add_special_tokens=False)["input_ids"]
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
     return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
@@ -189,9 +192,3 @@ def test_cli_max_prompt_tokens_skips_and_counts_long_prompts(prompts_file, tmp_p
     assert sorted(r["provenance"]["line"] for r in _records(out)) == [
         i + 1 for i, n in enumerate(lengths) if n <= cap
     ]
-
-
-def _render_user(tok, question: str) -> str:
-    return tok.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
