@@ -252,6 +252,10 @@ def bench_e2e_cmd(
     linear_product: Annotated[str, typer.Option(help=LINEAR_PRODUCT_HELP)] = default(
         BenchE2EConfig, "linear_product"
     ),
+    repeats: Annotated[
+        int,
+        typer.Option(help="runs per prompt and drafter, interleaved; the fastest is kept (noisy machines)"),
+    ] = default(BenchE2EConfig, "repeats"),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:

@@ -18,6 +18,7 @@ def e2e_markdown(result: E2EResult) -> str:
         f"End-to-end, greedy, {result.num_prompts} prompts, {cfg['max_new_tokens']} new tokens max, batch "
         f"{cfg['batch_size']}, draft {cfg['draft_method']}"
         + (f", {cfg['run_on']['device']} {cfg['run_on']['dtype']}" if cfg.get("run_on") else "")
+        + (f", fastest of {cfg['repeats']} interleaved runs per prompt" if cfg.get("repeats", 1) > 1 else "")
         + ". tau = accepted drafts + 1 bonus per verification.",
         "",
         "| drafter | head | shape | tau | tokens/s | speedup vs plain | target ms/round | body ms/round "

@@ -178,3 +178,69 @@ def test_e2e_plot_draws_speed_relative_to_plain_decoding_for_every_row(tmp_path,
         plot_predicted_vs_measured(
             [], [], [], tmp_path / "q.png", speedup_names=["a", "b"], speedup_vs_plain=[1.0]
         )
+
+
+@pytest.mark.parametrize("slow_first", [True, False])
+def test_e2e_repeats_keep_each_configurations_fastest_run_and_count_tokens_once(monkeypatch, slow_first):
+    """--repeats 2: every (batch, configuration) runs twice, interleaved; the faster wall time is kept."""
+    from types import SimpleNamespace
+
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafters = {"full": tiny_drafter(seed=1), "low": _lowrank_copy(tiny_drafter(seed=1), 8)}
+    prompts = ["hello there", "two plus two", "a cat sat"]
+    base = dict(drafters=(("full", "-"), ("low", "-")), draft_method="chain", max_new_tokens=8)
+    once = run_e2e(target, tok, drafters, prompts, BenchE2EConfig(**base, warmup_tokens=0))
+    # A fake clock read only by run_e2e (two reads per decode): within each batch the first round of
+    # the three configurations takes 1 s a decode and the second 0.25 s, or the other way round.
+    slow, fast = (1.0, 0.25) if slow_first else (0.25, 1.0)
+    clock = {"t": 0.0, "reads": 0}
+
+    def perf_counter():
+        k, end = divmod(clock["reads"], 2)  # the k-th decode: its start, then its end
+        clock["reads"] += 1
+        if end:
+            clock["t"] += slow if (k // 3) % 2 == 0 else fast  # 3 configurations a round
+        return clock["t"]
+
+    monkeypatch.setattr(e2e, "time", SimpleNamespace(perf_counter=perf_counter))
+    twice = run_e2e(target, tok, drafters, prompts, BenchE2EConfig(**base, warmup_tokens=0, repeats=2))
+    assert clock["reads"] == 2 * 3 * 2 * len(prompts)  # 2 reads, 3 configurations, 2 rounds
+    rows_once, rows_twice = {r.name: r for r in once.rows}, {r.name: r for r in twice.rows}
+    for name in ("none", "full", "low"):
+        assert rows_twice[name].wall_ms == pytest.approx(0.25e3 * len(prompts))  # the faster of the two
+        # tokens, rounds and tau are counted once per prompt, as with a single run
+        r1, r2 = rows_once[name], rows_twice[name]
+        assert (r2.new_tokens, r2.rounds, r2.tau) == (r1.new_tokens, r1.rounds, r1.tau)
+        assert r2.tokens_per_s == pytest.approx(r2.new_tokens / (0.25 * len(prompts)))
+    assert rows_twice["full"].lossless and rows_twice["low"].lossless
+    assert twice.config["repeats"] == 2
+    with pytest.raises(ValueError, match=r"BenchE2EConfig.repeats=0: must be >= 1"):
+        BenchE2EConfig(**base, repeats=0)
+
+
+def test_e2e_repeat_decoding_other_tokens_is_a_mismatch(monkeypatch):
+    """A configuration whose second run decodes other tokens than its first is not lossless."""
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    calls = {"n": 0}
+    real = e2e.SpeculativeGenerator.generate
+
+    def flaky(self, batch):
+        out = real(self, batch)
+        if self.drafter is not None:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the drafter's second run of the first prompt
+                out[0].output_ids = out[0].output_ids[:-1] + [out[0].output_ids[-1] + 1]
+        return out
+
+    monkeypatch.setattr(e2e.SpeculativeGenerator, "generate", flaky)
+    cfg = BenchE2EConfig(
+        drafters=(("full", "-"),), draft_method="chain", max_new_tokens=6, repeats=2, warmup_tokens=0
+    )
+    res = run_e2e(tiny_target(), tiny_tokenizer(), {"full": tiny_drafter(seed=1)}, ["a b", "c d"], cfg)
+    row = next(r for r in res.rows if r.name == "full")
+    assert (row.lossless, row.num_mismatched_prompts) == (False, 1)
