@@ -7,8 +7,8 @@ the batch, the rule of :mod:`timeit`: on a shared machine the slower runs measur
 load, not the code (every repeat must decode the same tokens, or it counts as a mismatch).
 Reported per configuration: tau (accepted drafts + 1 bonus per verification), tokens/s, speedup
 over plain decoding, per-round stage milliseconds, and the lossless check (greedy outputs identical
-to plain decoding). Against the full-head reference drafter the
-cost model's inputs are measured in the same run:
+to plain decoding). Against the full-head reference drafter the cost model's inputs are measured
+in the same run:
 
 * ``kappa = head_ms / (wall_ms - head_ms)`` of the reference (whole run, prefill included, so that it
   matches the measured tokens/s ratio it predicts);
