@@ -166,7 +166,7 @@ def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt():
     path = DATA / "train" / "distilled" / "smollm2-135m-instruct-onpolicy.jsonl.gz"
     assert is_distilled([path])
     firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
-    assert len(firsts) == 6592
+    assert len(firsts) == 8036
     held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
     bench = _eval_prompt_index()
     assert len(bench) > 1000 and len(held) == 24
