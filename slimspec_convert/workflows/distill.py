@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slimspec_convert.data.distill import DistillConfig, DistillReport, distill
+from slimspec_convert.data.self_prompts import SelfPromptConfig, SelfPromptReport, self_prompts
 from slimspec_convert.target.load import load_target
 
 
@@ -19,3 +20,17 @@ def distill_files(
     """
     model, tokenizer = load_target(target, dtype)
     return distill(model, tokenizer, list(data), out, cfg)
+
+
+def self_prompt_file(
+    target: str | Path, out: str | Path, cfg: SelfPromptConfig, dtype: str = "float32"
+) -> SelfPromptReport:
+    """Load the target and let it write user turns into ``out`` (see
+    :func:`slimspec_convert.data.self_prompts.self_prompts`).
+
+    Raises:
+        FileNotFoundError: a missing target.
+        DataError: see :func:`slimspec_convert.data.self_prompts.self_prompts`.
+    """
+    model, tokenizer = load_target(target, dtype)
+    return self_prompts(model, tokenizer, out, cfg)

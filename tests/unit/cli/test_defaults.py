@@ -14,6 +14,7 @@ from finetune.config import FinetuneConfig
 from slimspec_convert.cli import app
 from slimspec_convert.cli.app import csv_items
 from slimspec_convert.data.distill import DistillConfig
+from slimspec_convert.data.self_prompts import SelfPromptConfig
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.measure.e2e import BenchE2EConfig
 from slimspec_convert.measure.head_latency import BenchHeadConfig
@@ -33,6 +34,7 @@ OWNERS = {
     ("train-drafter",): ([FinetuneConfig.for_new_drafter], {}),
     ("trim",): ([TrimConfig], {}),
     ("distill",): ([DistillConfig], {}),
+    ("self-prompts",): ([SelfPromptConfig], {}),
     ("rank-sweep",): ([RankSweepConfig], {}),
     ("bench", "head"): ([BenchHeadConfig], {}),
     ("bench", "e2e"): ([BenchE2EConfig], {"draft": "draft_method"}),
