@@ -1,4 +1,4 @@
-"""CLI command ``slimspec distill``: the target's own answers to training prompts, as conversations."""
+"""CLI commands ``slimspec distill`` (the target's answers to training prompts) and ``self-prompts``."""
 
 from __future__ import annotations
 
