@@ -159,14 +159,18 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
     assert not (tmp_path / "d2.jsonl.gz").exists()
 
 
-def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt():
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [("smollm2-135m-instruct-onpolicy.jsonl.gz", 8036), ("smollm2-135m-instruct-selfprompts.jsonl.gz", 1024)],
+)
+def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, count):
     from slimspec_convert.data.distill import _eval_prompt_index, _normalise, is_distilled
     from slimspec_convert.data.records import read_conversations
 
-    path = DATA / "train" / "distilled" / "smollm2-135m-instruct-onpolicy.jsonl.gz"
+    path = DATA / "train" / "distilled" / name
     assert is_distilled([path])
     firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
-    assert len(firsts) == 8036
+    assert len(firsts) == count
     held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
     bench = _eval_prompt_index()
     assert len(bench) > 1000 and len(held) == 24

@@ -128,3 +128,25 @@ def test_cli_refuses_a_gzip_output_and_bad_settings(tmp_path):
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p.jsonl"), "--temperature", "0"])
     assert result.exit_code != 0 and "temperature" in result.output
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them():
+    """The committed prompts were kept by the rules above: re-checking each against the ones before
+    finds nothing to drop (and none is a held-out prompt); the committed answers are to its first
+    1,024, in order."""
+    from slimspec_convert.data.distill import _eval_prompt_index, _normalise
+    from slimspec_convert.data.records import read_conversations
+
+    path = DATA / "train" / "self_prompts" / "smollm2-135m-instruct.jsonl"
+    texts = [r.messages[-1][1] for r in read_prompts([path])]
+    assert len(texts) == 1800
+    cfg, index, seen = SelfPromptConfig(num=1), _eval_prompt_index(), set()
+    runs = sp.eval_word_runs(cfg.overlap_words, index)
+    for t in texts:
+        assert sp.drop_reason(t, seen, index, runs, cfg) is None, t
+        seen.add(sp._dedup_key(t))
+    held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
+    assert not held & {_normalise(t) for t in texts}
+    distilled = DATA / "train" / "distilled" / "smollm2-135m-instruct-selfprompts.jsonl.gz"
+    answers = read_conversations([distilled])
+    assert [c[0]["content"] for c in answers] == texts[:1024]
