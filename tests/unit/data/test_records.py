@@ -19,9 +19,10 @@ def test_every_shipped_training_file_parses():
     stats = DataStats()
     files = sorted(p for p in (DATA / "train").rglob("*.json*") if "distilled" not in p.parts)
     convs = read_conversations(files, stats)
-    assert len(files) == 7
+    assert len(files) == 8
     # 7473 GSM8K + 4535 + 1923 GPTeacher + 626 OASST paths + 250 prompts + 252 + instances of 175 seed tasks
-    assert stats.records == 7473 + 4535 + 1923 + 100 + 250 + 252 + 175
+    # + 1800 user turns the target wrote (self_prompts/, prompts only)
+    assert stats.records == 7473 + 4535 + 1923 + 100 + 250 + 252 + 175 + 1800
     assert sum(1 for c in convs if c[-1]["role"] == "assistant") > 14000
 
 
