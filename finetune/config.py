@@ -22,8 +22,11 @@ DEFAULT_TTT_DECAY = 0.8
 # calibrated rank-72 convert, scored by the on-policy predicted chain-3 tau on 16 held-out training
 # prompts (README "Fine-tuning"): lr 4e-4 / 1e-3 / 2e-3 at 3 TTT steps gave 1.493 / 1.558 / 1.581
 # (from 1.348) in 60 steps; 5 TTT steps at 2e-3 gave 1.588 (+0.5%) for 1.5x the step time, so 3 stay.
-# 60 steps take about 5 minutes on 2 CPU cores.
-RECOVERY_STEPS = 60
+# Steps: one 180-step run of these defaults on the stage-7 demo drafter's calibrated rank-72 convert,
+# scored every 20 steps: 1.550 (step 0) / 1.668 / 1.714 / 1.719 / 1.720 / 1.774 (step 100) / 1.768 /
+# 1.789 / 1.787 / 1.786 (step 180): a plateau from about step 100, so 100 steps (about 7 minutes on
+# 2 CPU cores; 60 gave 1.722). 120 steps made the main job 19.0 minutes on a slow day: too near 20.
+RECOVERY_STEPS = 100
 RECOVERY_LR = 2e-3
 RECOVERY_TTT_STEPS = 3
 RECOVERY_MAX_LENGTH = 256
