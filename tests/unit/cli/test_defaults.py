@@ -120,7 +120,7 @@ def test_train_drafter_defaults_train_every_parameter():
     cfg = FinetuneConfig.for_new_drafter()
     assert (cfg.train, cfg.lr, cfg.steps, cfg.ttt_steps, cfg.max_length) == ("all", 1e-3, 200, 7, 512)
     rec = FinetuneConfig()  # the short recovery recipe of the sweep (finetune/config.py)
-    assert (rec.train, rec.lr, rec.steps, rec.ttt_steps, rec.max_length) == ("head", 2e-3, 60, 3, 256)
+    assert (rec.train, rec.lr, rec.steps, rec.ttt_steps, rec.max_length) == ("head", 2e-3, 100, 3, 256)
     assert FinetuneConfig.for_new_drafter(steps=5).steps == 5
 
 
