@@ -1,0 +1,109 @@
+"""Where the first draft misses: the drafter against the target's confidence and against copying.
+
+The target (SmolLM2-135M-Instruct, float32) answers the 24 held-out general prompts
+(``data/heldout/general24.jsonl``, greedy, ``MAX_NEW`` tokens); the drafter runs teacher-forced on
+that text (the on-policy metric of ``slimspec_convert.measure.chain_acceptance``), and its first
+draft at each answer position (token ``x_{t+2}`` after the committed ``x_{t+1}``) is compared with
+the target's greedy token. Printed, one JSON object:
+
+* ``agree``: the share of positions where the first draft is the target's token (the depth-1
+  acceptance of greedy chain drafting, teacher-forced);
+* ``by_target_confidence``: that share per bin of the target's own top-1 probability;
+* ``copyable``: positions whose bigram ``(x_{t+1}, x_{t+2})`` already occurs earlier in the prompt
+  or answer, and the drafter's agreement on them and on the rest;
+* ``lookup``: a prompt-lookup predictor (Saxena 2023, "prompt lookup decoding"; vLLM's ``ngram``
+  speculator): the token that followed the most recent earlier match of the longest suffix of up to
+  3 tokens ending at ``x_{t+1}``; its agreement, and the share of positions where it is right and
+  the drafter wrong.
+
+Usage: python examples/copy_diagnosis.py DRAFTER OUT.json [MAX_NEW=128]   (about 3 min on 2 cores)
+"""
+
+import json
+import sys
+
+import torch
+
+from slimspec_convert.checkpoint.load import load_drafter
+from slimspec_convert.data.distill import read_prompts
+from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval
+from slimspec_convert.model.ttt import shift_left, ttt_unroll
+from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.target.fetch import get_smollm2
+from slimspec_convert.target.forward import resolve_aux_layers
+from slimspec_convert.target.load import load_target
+
+
+def lookup(seq: list[int], t: int, max_ngram: int = 3) -> int | None:
+    """Prompt lookup for ``x_{t+2}``: the token after the most recent earlier match of the longest
+    suffix (up to ``max_ngram`` tokens) ending at ``x_{t+1}``; None when no suffix recurs."""
+    for n in range(max_ngram, 0, -1):
+        key = seq[t + 2 - n : t + 2]
+        for j in range(t - 1, n - 3, -1):  # the match ends at j + 1 <= t, its next token j + 2 <= t + 1
+            if seq[j + 2 - n : j + 2] == key:
+                return seq[j + 2]
+    return None
+
+
+torch.set_num_threads(2)
+drafter_path, out = sys.argv[1], sys.argv[2]
+max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+model, tok = load_target(get_smollm2(), "float32")
+d, _ = load_drafter(drafter_path, target=model)
+d = d.float().eval()
+prompts = [r.messages[-1][1] for r in read_prompts(["data/heldout/general24.jsonl"])]
+ev = build_onpolicy_eval(model, tok, prompts, resolve_aux_layers(d.config, model), max_new_tokens=max_new)
+ids, ans = ev.input_ids, ev.answer_mask
+lengths = [int(ans[n].nonzero().max()) + 1 for n in range(ids.shape[0])]
+ids_map = draft_to_target_ids(d.d2t) if d.d2t is not None else None
+with torch.no_grad():
+    step0 = next(ttt_unroll(d, ids, ev.aux_hidden.float(), ans, 1))
+    top = d.logits(step0.hidden).float().argmax(-1)  # [B, T] draft ids
+    pred = ids_map[top] if ids_map is not None else top
+starts = (shift_left(ans, 1, False) & shift_left(ans, 2, False)).nonzero().tolist()
+rows = []  # (drafter right, target p_max, copyable, lookup right)
+for n in range(ids.shape[0]):
+    with torch.no_grad():
+        probs = torch.softmax(model(ids[n : n + 1, : lengths[n]]).logits[0].float(), -1)
+    seq = ids[n, : lengths[n]].tolist()
+    for _, t in (s for s in starts if s[0] == n):
+        want = seq[t + 2]
+        earlier = {(seq[i], seq[i + 1]) for i in range(t + 1)}  # bigrams ending at or before x_{t+1}
+        guess = lookup(seq, t)
+        rows.append(
+            (int(pred[n, t]) == want, float(probs[t + 1].max()), (seq[t + 1], want) in earlier, guess == want)
+        )
+
+
+def share(xs) -> float:
+    xs = list(xs)
+    return round(sum(xs) / max(len(xs), 1), 4)
+
+
+edges = [0.0, 0.3, 0.5, 0.7, 0.9, 1.01]
+result = {
+    "drafter": drafter_path,
+    "positions": len(rows),
+    "agree": share(r[0] for r in rows),
+    "by_target_confidence": [
+        {
+            "target_p_max": f"[{lo}, {min(hi, 1.0)})",
+            "share_of_positions": share(lo <= r[1] < hi for r in rows),
+            "agree": share(r[0] for r in rows if lo <= r[1] < hi),
+        }
+        for lo, hi in zip(edges, edges[1:], strict=False)
+    ],
+    "copyable": {
+        "share_of_positions": share(r[2] for r in rows),
+        "agree_copyable": share(r[0] for r in rows if r[2]),
+        "agree_not_copyable": share(r[0] for r in rows if not r[2]),
+    },
+    "lookup": {
+        "agree": share(r[3] for r in rows),
+        "right_where_drafter_wrong": share(r[3] and not r[0] for r in rows),
+        "either_right": share(r[0] or r[3] for r in rows),
+    },
+}
+print(json.dumps(result, indent=1))
+with open(out, "w") as f:
+    json.dump(result, f, indent=1)
