@@ -16,7 +16,7 @@ the target's greedy token. Printed, one JSON object:
   3 tokens ending at ``x_{t+1}``; its agreement, and the share of positions where it is right and
   the drafter wrong.
 
-Usage: python examples/copy_diagnosis.py DRAFTER OUT.json [MAX_NEW=128]   (about 3 min on 2 cores)
+Usage: python examples/copy_diagnosis.py DRAFTER OUT.json [MAX_NEW=128]   (about 2 min on 2 cores)
 """
 
 import json
@@ -26,9 +26,7 @@ import torch
 
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.distill import read_prompts
-from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval
-from slimspec_convert.model.ttt import shift_left, ttt_unroll
-from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval, chain_agreement
 from slimspec_convert.target.fetch import get_smollm2
 from slimspec_convert.target.forward import resolve_aux_layers
 from slimspec_convert.target.load import load_target
@@ -53,26 +51,18 @@ d, _ = load_drafter(drafter_path, target=model)
 d = d.float().eval()
 prompts = [r.messages[-1][1] for r in read_prompts(["data/heldout/general24.jsonl"])]
 ev = build_onpolicy_eval(model, tok, prompts, resolve_aux_layers(d.config, model), max_new_tokens=max_new)
-ids, ans = ev.input_ids, ev.answer_mask
-lengths = [int(ans[n].nonzero().max()) + 1 for n in range(ids.shape[0])]
-ids_map = draft_to_target_ids(d.d2t) if d.d2t is not None else None
+agree, starts = chain_agreement(d, ev, 1)  # agree [1, N]: first draft == x_{t+2}; starts [N, 2] (n, t)
+probs, seqs = {}, {}
 with torch.no_grad():
-    step0 = next(ttt_unroll(d, ids, ev.aux_hidden.float(), ans, 1))
-    top = d.logits(step0.hidden).float().argmax(-1)  # [B, T] draft ids
-    pred = ids_map[top] if ids_map is not None else top
-starts = (shift_left(ans, 1, False) & shift_left(ans, 2, False)).nonzero().tolist()
+    for n in range(ev.input_ids.shape[0]):
+        length = int(ev.answer_mask[n].nonzero().max()) + 1
+        seqs[n] = ev.input_ids[n, :length].tolist()
+        probs[n] = torch.softmax(model(ev.input_ids[n : n + 1, :length]).logits[0].float(), -1)
 rows = []  # (drafter right, target p_max, copyable, lookup right)
-for n in range(ids.shape[0]):
-    with torch.no_grad():
-        probs = torch.softmax(model(ids[n : n + 1, : lengths[n]]).logits[0].float(), -1)
-    seq = ids[n, : lengths[n]].tolist()
-    for _, t in (s for s in starts if s[0] == n):
-        want = seq[t + 2]
-        earlier = {(seq[i], seq[i + 1]) for i in range(t + 1)}  # bigrams ending at or before x_{t+1}
-        guess = lookup(seq, t)
-        rows.append(
-            (int(pred[n, t]) == want, float(probs[t + 1].max()), (seq[t + 1], want) in earlier, guess == want)
-        )
+for right, (n, t) in zip(agree[0].tolist(), starts.tolist(), strict=True):
+    seq, want = seqs[n], seqs[n][t + 2]
+    earlier = {(seq[i], seq[i + 1]) for i in range(t + 1)}  # bigrams ending at or before x_{t+1}
+    rows.append((right, float(probs[n][t + 1].max()), (seq[t + 1], want) in earlier, lookup(seq, t) == want))
 
 
 def share(xs) -> float:
