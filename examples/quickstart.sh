@@ -9,7 +9,9 @@
 #      answers of the target), training-time test, target as teacher, the best-scored step kept
 #   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec (the low-rank head alone, and
 #      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved; each drafter with
-#      its own --draft auto shape (planned on held-out training prompts, not on the benchmark)
+#      its own --draft auto shape (planned on held-out training prompts, not on the benchmark), and
+#      up to 3 prompt-lookup tokens grafted onto each round's drafts (--lookup 3, lossless; the row
+#      'lookup' is the target with prompt lookup alone, to show what the drafters add to copying)
 # Usage: bash examples/quickstart.sh [OUT_DIR]   (env: DRAFTER, FT_STEPS, MAX_NEW_TOKENS, MAX_PROMPTS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +45,6 @@ slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
   --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
   --drafter slimspec-rerank="$OUT/slimspec-r72-ft" --rerank slimspec-rerank=64 \
   --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" \
-  --draft auto --auto-prompts data/heldout/general24.jsonl --repeats 2 \
+  --draft auto --auto-prompts data/heldout/general24.jsonl --repeats 2 --lookup 3 \
   --out "$OUT/e2e" --force
 echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png)"

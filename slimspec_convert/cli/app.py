@@ -57,6 +57,13 @@ LINEAR_PRODUCT_HELP = (
     "faster), torch (x @ W.T) or transposed ((W @ x.T).T)"
 )
 
+LOOKUP_HELP = (
+    "prompt lookup: graft up to N tokens copied from the context (after the latest earlier match of the "
+    "last tokens) onto each round's drafts, losslessly (0 = off)"
+)
+LOOKUP_MIN_HELP = "prompt lookup: shortest suffix matched (tokens)"
+LOOKUP_MAX_HELP = "prompt lookup: longest suffix matched, tried first (tokens)"
+
 
 def apply_threads(threads: int | None) -> None:
     """``--threads``: torch CPU threads (None keeps torch's default).

@@ -10,6 +10,9 @@ import typer
 
 from slimspec_convert.cli.app import (
     LINEAR_PRODUCT_HELP,
+    LOOKUP_HELP,
+    LOOKUP_MAX_HELP,
+    LOOKUP_MIN_HELP,
     apply_threads,
     bench_app,
     command,
@@ -256,6 +259,15 @@ def bench_e2e_cmd(
         int,
         typer.Option(help="runs per prompt and drafter, interleaved; the fastest is kept (noisy machines)"),
     ] = default(BenchE2EConfig, "repeats"),
+    lookup: Annotated[int, typer.Option(help=LOOKUP_HELP + "; adds the row 'lookup' (no drafter)")] = default(
+        BenchE2EConfig, "lookup"
+    ),
+    lookup_min_ngram: Annotated[int, typer.Option(help=LOOKUP_MIN_HELP)] = default(
+        BenchE2EConfig, "lookup_min_ngram"
+    ),
+    lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = default(
+        BenchE2EConfig, "lookup_max_ngram"
+    ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:

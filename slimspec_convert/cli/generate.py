@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from slimspec_convert.cli.app import LINEAR_PRODUCT_HELP, apply_threads, command
+from slimspec_convert.cli.app import (
+    LINEAR_PRODUCT_HELP,
+    LOOKUP_HELP,
+    LOOKUP_MAX_HELP,
+    LOOKUP_MIN_HELP,
+    apply_threads,
+    command,
+)
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.measure.draft_shape import AUTO_DRAFT
@@ -61,6 +69,11 @@ def generate(
     total_tokens: Annotated[
         int, typer.Option(help="tree: draft nodes verified per round (root excluded)")
     ] = _DRAFT.total_tokens,
+    lookup: Annotated[
+        int, typer.Option(help=LOOKUP_HELP + "; with --drafter none, lookup alone")
+    ] = _DRAFT.lookup,
+    lookup_min_ngram: Annotated[int, typer.Option(help=LOOKUP_MIN_HELP)] = _DRAFT.lookup_min_ngram,
+    lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = _DRAFT.lookup_max_ngram,
     batch_size: Annotated[int, typer.Option(help="prompts decoded together (left-padded)")] = _GEN.batch_size,
     rerank: Annotated[
         int,
@@ -96,8 +109,11 @@ def generate(
         linear_product=linear_product,
     )
     auto = draft == AUTO_DRAFT
+    look = DraftConfig(lookup=lookup, lookup_min_ngram=lookup_min_ngram, lookup_max_ngram=lookup_max_ngram)
     dcfg = (
-        AUTO_DRAFT if auto else DraftConfig(method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
+        AUTO_DRAFT
+        if auto
+        else replace(look, method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
     )
     scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     if stream and json_out:
@@ -107,7 +123,7 @@ def generate(
     on_plan = (lambda plan: (plans.append(plan), typer.echo(plan.summary(), err=True))) if auto else None
     on_linear = (lambda c: typer.echo(c.summary(), err=True)) if linear_product == "auto" else None
     results = generate_from_paths(
-        target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan, on_linear
+        target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan, on_linear, lookup=look
     )
     if plans:
         typer.echo(auto_line(plans[0], results), err=True)

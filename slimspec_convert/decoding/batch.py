@@ -68,6 +68,8 @@ class DecodeState:
     times: StageTimes = field(default_factory=StageTimes)
     t_start: float = 0.0
     hooks: DecodeHooks = field(default_factory=DecodeHooks)
+    lookups: list | None = None  # per prompt, a decoding.lookup.NgramLookup (None: no prompt lookup)
+    lookup_tokens: list[int] = field(default_factory=list)  # per prompt, accepted lookup-only drafts
 
     def commit(self, b: int, tokens: list[int], stop_ids, max_new_tokens: int, record: bool = True) -> bool:
         """Append active row b's tokens, cut after the first stop token (or ``hooks.stop_when``) and

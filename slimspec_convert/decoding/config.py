@@ -16,12 +16,20 @@ class DraftConfig:
     ``depth`` draft steps; tree drafting expands the ``top_k`` best nodes per step and keeps the
     ``total_tokens`` best by cumulative log-probability (EAGLE's ``total_token`` minus the root).
     CPU defaults were chosen by measurement (PAPER.md: a 60-token tree costs 3x a 1-token step).
+
+    ``lookup`` > 0 adds up to that many prompt-lookup tokens per round as one more branch from the
+    root (:mod:`slimspec_convert.decoding.lookup`): the tokens after the most recent earlier match of
+    the last ``lookup_max_ngram`` .. ``lookup_min_ngram`` tokens (vLLM's ``prompt_lookup_max`` /
+    ``prompt_lookup_min``). Lossless; a sampled chain cannot take it (use a tree).
     """
 
     method: str = "tree"
     depth: int = 5
     top_k: int = 4
     total_tokens: int = 16
+    lookup: int = 0
+    lookup_min_ngram: int = 2
+    lookup_max_ngram: int = 3
 
     def __post_init__(self) -> None:
         if self.method not in ("tree", "chain"):
@@ -32,6 +40,13 @@ class DraftConfig:
             raise ValueError(f"DraftConfig.top_k={self.top_k}: expected >= 1")
         if self.total_tokens < 1:
             raise ValueError(f"DraftConfig.total_tokens={self.total_tokens}: expected >= 1")
+        if self.lookup < 0:
+            raise ValueError(f"DraftConfig.lookup={self.lookup}: expected >= 0 (0 = off)")
+        if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
+            raise ValueError(
+                f"DraftConfig.lookup_min_ngram={self.lookup_min_ngram}, lookup_max_ngram="
+                f"{self.lookup_max_ngram}: expected 1 <= min <= max"
+            )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from slimspec_convert.decoding.batch import (
 )
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.drafting import DrafterRunner, block_mask, check_finite_logits
+from slimspec_convert.decoding.lookup import NgramLookup, chain_tree, graft_sequences
 from slimspec_convert.decoding.prompts import chat_template_id, render_chat
 from slimspec_convert.decoding.results import GenerationResult, GenerationStats, StageTimes
 from slimspec_convert.decoding.speculative import (
@@ -111,6 +112,11 @@ class SpeculativeGenerator:
         self.aux_layers: tuple[int, ...] = ()
         if drafter is not None:
             self.aux_layers = self._check_drafter(drafter)
+        if self.draft.lookup and drafter is not None and self.draft.method == "chain" and not self.greedy:
+            raise ValueError(
+                "DraftConfig.lookup with temperature > 0 and a chain: sampled chain drafts cannot share "
+                "a tree with the deterministic lookup branch; use --draft tree (or lookup 0)"
+            )
 
     # ---- setup -------------------------------------------------------------------------------
     def _check_drafter(self, drafter: Eagle3Drafter) -> tuple[int, ...]:
@@ -243,6 +249,9 @@ class SpeculativeGenerator:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         padded = min(lengths) != P
         st = self._new_state(lengths, attn.bool() if padded else None, pos, hooks or DecodeHooks())
+        if self.draft.lookup:
+            d = self.draft
+            st.lookups = [NgramLookup(p, d.lookup_min_ngram, d.lookup_max_ngram) for p in prompt_ids]
         if self.drafter is not None:
             self.runner.times = st.times
         out = self._target(
@@ -291,6 +300,7 @@ class SpeculativeGenerator:
             committed=[[] for _ in range(B)],
             finish_times=[None] * B,
             finish_wall=[0.0] * B,
+            lookup_tokens=[0] * B,
             t_start=time.perf_counter(),
             hooks=hooks,
         )
@@ -321,13 +331,18 @@ class SpeculativeGenerator:
         B, S = len(st.rows), cache_length(st.target_cache)
         k, K, D = self.draft.depth, self.draft.top_k, self.draft.depth
         method = "plain" if self.drafter is None else self.draft.method
+        L = self.draft.lookup
+        width = {"plain": 0, "chain": 1, "tree": K}[method] + 1  # children slots with a lookup branch
         uniforms = None
         if not self.greedy:
-            n = {"plain": 1, "chain": 2 * k + 1, "tree": tree_uniforms_needed(D, K)}[method]
+            if L:
+                n = tree_uniforms_needed(max(L, 0 if method == "plain" else D), width)
+            else:
+                n = {"plain": 1, "chain": 2 * k + 1, "tree": tree_uniforms_needed(D, K)}[method]
             uniforms = draw_uniforms(st.generators, n).to(self.device)
-        tree = draft_ids = q = anc = None
+        tree = draft_ids = q = anc = lookup_nodes = None
         if method == "plain":
-            nodes, depths = st.root_tok[:, None], torch.zeros(B, 1, dtype=torch.long, device=self.device)
+            draft_ids = st.root_tok.new_zeros(B, 0)
         elif method == "chain":
             draft_ids, q = self.runner.draft_chain(
                 st.draft_cache,
@@ -336,11 +351,23 @@ class SpeculativeGenerator:
                 st.valid,
                 None if uniforms is None else uniforms[:, :k],
             )
-            nodes = torch.cat([st.root_tok[:, None], draft_ids], dim=1)
-            depths = torch.arange(k + 1, device=self.device).expand(B, k + 1)
         else:
             tree = self.runner.draft_tree(st.draft_cache, st.h_last, st.root_tok, st.root_pos, st.valid)
+        if L:
+            if tree is None:
+                tree = chain_tree(st.root_tok, draft_ids, width)
+            seqs = []
+            for row in st.rows:
+                st.lookups[row].sync(st.outputs[row])
+                seqs.append(st.lookups[row].propose(L))
+            tree, lookup_nodes = graft_sequences(tree, seqs, width)
+            method = "tree"
+        if tree is not None:
             nodes, depths, anc = tree.tokens, tree.depths, tree.ancestors
+        else:
+            k_ = draft_ids.shape[1]
+            nodes = torch.cat([st.root_tok[:, None], draft_ids], dim=1)
+            depths = torch.arange(k_ + 1, device=self.device).expand(B, k_ + 1)
         qpos = st.root_pos[:, None] + depths  # [B, T]
         out = self._target(st, nodes, attention_mask=self._target_mask(st, anc, qpos, S), position_ids=qpos)
         check_finite_logits(out.logits)
@@ -350,8 +377,20 @@ class SpeculativeGenerator:
         rows = committed.tolist()
         max_new = self.sampling.max_new_tokens
         finished = [st.commit(b, rows[b][: counts[b]], self.stop_ids, max_new) for b in range(B)]
+        if lookup_nodes is not None:
+            self._count_lookup(st, outcome, lookup_nodes)
         self._advance(st, outcome, out.aux_hidden, committed, counts, finished, S, method)
         return outcome
+
+    @staticmethod
+    def _count_lookup(st: DecodeState, outcome: RoundOutcome, lookup_nodes: Tensor) -> None:
+        """Add each row's committed drafts that only the prompt lookup proposed."""
+        path = outcome.path[:, 1:]
+        hit = lookup_nodes.gather(1, path.clamp(min=0)) & (path >= 0)  # [B, D]
+        accepted = outcome.num_accepted.tolist()
+        for b, row in enumerate(st.rows):
+            drafts = min(accepted[b], st.committed[row][-1])  # a stop token may cut the drafts short
+            st.lookup_tokens[row] += int(hit[b, :drafts].sum())
 
     def _verify(self, method, logits, draft_ids, q, tree, uniforms) -> RoundOutcome:
         if method == "tree":
@@ -401,6 +440,13 @@ class SpeculativeGenerator:
         st.root_tok = outcome.bonus
 
     # ---- results -----------------------------------------------------------------------------
+    def _draft_dict(self) -> dict:
+        d = asdict(self.draft)
+        if self.drafter is None:  # plain decoding, or prompt lookup alone
+            keep = ("lookup", "lookup_min_ngram", "lookup_max_ngram") if self.draft.lookup else ()
+            return {"method": "none", **{key: d[key] for key in keep}}
+        return d
+
     def _result(self, st: DecodeState, row: int, prompt: str | None, ids: list[int], text: str | None):
         times = st.finish_times[row] or st.times
         wall = st.finish_wall[row]
@@ -417,7 +463,7 @@ class SpeculativeGenerator:
             drafter_head_ms=times.drafter_head_ms,
             overhead_ms=max(wall - busy, 0.0),
             committed_per_cycle=list(st.committed[row]),
-            draft={"method": "none"} if self.drafter is None else asdict(self.draft),
+            draft=self._draft_dict(),
             sampling={
                 "temperature": self.sampling.temperature,
                 "top_p": self.sampling.top_p,
@@ -428,6 +474,7 @@ class SpeculativeGenerator:
             batch_size=self.batch_size,
             chat_template=chat_template_id(self.tokenizer) if self.chat and text is not None else None,
             system_prompt=self.system_prompt if self.chat and text is not None else None,
+            lookup_tokens=st.lookup_tokens[row],
         )
         decoded = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else None
         return GenerationResult(prompt, text, list(ids), list(out), decoded, stats)

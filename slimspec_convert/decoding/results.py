@@ -38,6 +38,8 @@ class GenerationStats:
         draft, sampling: the configs used; batch_size: prompts decoded together.
         chat_template: ``sha256:<12 hex>`` of the chat template used, None without one.
         system_prompt: the system message passed (None = the template's default, if any).
+        lookup_tokens: accepted drafts that only the prompt lookup proposed (``DraftConfig.lookup``);
+            ``new_tokens - lookup_tokens`` is what the drafter and the bonus tokens gave.
     """
 
     tau: float | None
@@ -55,6 +57,7 @@ class GenerationStats:
     batch_size: int
     chat_template: str | None
     system_prompt: str | None
+    lookup_tokens: int = 0
 
 
 @dataclass

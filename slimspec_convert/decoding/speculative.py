@@ -259,20 +259,44 @@ def build_tree(
     parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), par], dim=1)  # [B, T]
     tokens = torch.cat([root_tokens[:, None], cand_tokens.gather(1, sel)], dim=1)
     depths = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev), cand_depths[sel]], dim=1)
-    T = N + 1
+    return tree_from_parents(tokens, parents, depths, top_k)
+
+
+def tree_from_parents(tokens: Tensor, parents: Tensor, depths: Tensor, width: int) -> DraftTree:
+    """Complete a :class:`DraftTree` (ancestor mask, children table) from its nodes and parents.
+
+    Args:
+        tokens: [B, T] int64 target ids, node 0 = root.
+        parents: [B, T] int64, -1 for the root; every parent precedes its child. A node whose parent
+            is itself is padding (rows of a batch with fewer nodes): no path reaches it, it has no
+            children and it sees only the prefix and itself.
+        depths: [B, T] int64, 0 for the root.
+        width: K, the children slots per node (at least the most siblings any node has).
+
+    Returns:
+        :class:`DraftTree`; children in node order.
+
+    Raises:
+        ValueError: a node has more than ``width`` children.
+    """
+    B, T = tokens.shape
+    dev = tokens.device
     up = parents.clamp(min=0)  # root points at itself
     ancestors = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T).clone()
     for _ in range(int(depths.max())):
         ancestors |= ancestors.gather(1, up[:, :, None].expand(B, T, T))
+    pad = parents == torch.arange(T, device=dev)[None, :]  # [B, T]
     # Sibling rank = number of earlier nodes with the same parent.
     same = (parents[:, :, None] == parents[:, None, :]) & torch.ones(T, T, dtype=torch.bool, device=dev).tril(
         -1
     )
     rank = same.sum(-1)  # [B, T]
-    children = torch.full((B, T * top_k), -1, dtype=torch.long, device=dev)
-    flat = (up * top_k + rank)[:, 1:]  # [B, N]
-    children.scatter_(1, flat, torch.arange(1, T, device=dev).expand(B, N))
-    return DraftTree(tokens, parents, depths, ancestors, children.view(B, T, top_k))
+    if T > 1 and int(rank[:, 1:].max()) >= width:
+        raise ValueError(f"a draft-tree node has {int(rank.max()) + 1} children, more than width={width}")
+    children = torch.full((B, (T + 1) * width), -1, dtype=torch.long, device=dev)
+    flat = torch.where(pad, T * width, up * width + rank)[:, 1:]  # padding goes to a spare row
+    children.scatter_(1, flat, torch.arange(1, T, device=dev).expand(B, T - 1))
+    return DraftTree(tokens, parents, depths, ancestors, children.view(B, T + 1, width)[:, :T])
 
 
 def verify_tree_greedy(tree: DraftTree, target_logits: Tensor) -> RoundOutcome:

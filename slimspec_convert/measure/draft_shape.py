@@ -190,8 +190,9 @@ def verify_cost(
 
 
 def shape_name(d: DraftConfig) -> str:
-    """``chain-3`` or ``tree-5x4/16`` (depth x top-k / total tokens)."""
-    return f"chain-{d.depth}" if d.method == "chain" else f"tree-{d.depth}x{d.top_k}/{d.total_tokens}"
+    """``chain-3`` or ``tree-5x4/16`` (depth x top-k / total tokens), ``+lookup-3`` with prompt lookup."""
+    base = f"chain-{d.depth}" if d.method == "chain" else f"tree-{d.depth}x{d.top_k}/{d.total_tokens}"
+    return base + (f"+lookup-{d.lookup}" if d.lookup else "")
 
 
 def verified_tokens(d: DraftConfig) -> int:

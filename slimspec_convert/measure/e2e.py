@@ -59,6 +59,7 @@ DEFAULT_E2E_WARMUP_TOKENS = 8
 
 
 E2E_PLAIN_NAME = "none"  # the plain target-decoding baseline in bench e2e
+E2E_LOOKUP_NAME = "lookup"  # with --lookup: the target with prompt lookup alone, no drafter
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class BenchE2EConfig:
     bfloat16 there, float32 on the CPU). ``draft_method='auto'`` gives every drafter its own shape
     (:mod:`~slimspec_convert.measure.draft_shape`), planned on the prompts of ``auto_prompts`` (held-out
     prompts, so that no benchmark answer informs the choice) or else on the first benchmark prompts.
+    ``lookup`` > 0 grafts that many prompt-lookup tokens onto every drafter's shape
+    (``DraftConfig.lookup``) and adds the row ``lookup``: the target with prompt lookup alone, so the
+    table shows what the drafter adds beyond copying.
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -88,6 +92,18 @@ class BenchE2EConfig:
     auto_prompts: str | None = None  # --draft auto: calibration prompts file (default: the first prompts)
     linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
     repeats: int = 1  # runs per batch and configuration, interleaved; the fastest is kept
+    lookup: int = 0  # prompt-lookup tokens grafted per round (DraftConfig.lookup), 0 = off
+    lookup_min_ngram: int = DraftConfig.lookup_min_ngram
+    lookup_max_ngram: int = DraftConfig.lookup_max_ngram
+
+    def lookup_config(self, draft: DraftConfig | None = None) -> DraftConfig:
+        """``draft`` (default: ``DraftConfig()``) with this run's prompt-lookup fields."""
+        return replace(
+            draft or DraftConfig(),
+            lookup=self.lookup,
+            lookup_min_ngram=self.lookup_min_ngram,
+            lookup_max_ngram=self.lookup_max_ngram,
+        )
 
     def __post_init__(self) -> None:
         check_linear_product("BenchE2EConfig", self.linear_product)
@@ -103,6 +119,12 @@ class BenchE2EConfig:
                 f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
                 "(always run); pick another name"
             )
+        if self.lookup and E2E_LOOKUP_NAME in names:
+            raise ValueError(
+                f"BenchE2EConfig.drafters: '{E2E_LOOKUP_NAME}' is the prompt-lookup row of --lookup; "
+                "pick another name"
+            )
+        self.lookup_config()  # validates the lookup fields
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
         for name, k in self.rerank:
@@ -165,6 +187,7 @@ class E2ERow:
     shape: str | None = None  # the draft shape (chain-3, tree-5x4/16), None for plain decoding
     predicted_tau: float | None = None  # --draft auto: the plan's predictions for its shape
     predicted_tokens_per_s: float | None = None
+    lookup_tokens: int = 0  # accepted drafts only the prompt lookup proposed (GenerationStats.lookup_tokens)
 
 
 @dataclass(frozen=True)
@@ -196,6 +219,7 @@ class _Totals:
     backbone_ms: float = 0.0
     head_ms: float = 0.0
     overhead_ms: float = 0.0
+    lookup_tokens: int = 0
 
     def add(self, results: list[GenerationResult], wall_ms: float) -> None:
         self.wall_ms += wall_ms
@@ -207,6 +231,7 @@ class _Totals:
         self.rounds += max(r.stats.cycles for r in results)
         for r in results:
             self.new_tokens += r.stats.new_tokens
+            self.lookup_tokens += r.stats.lookup_tokens
             self.committed += sum(r.stats.committed_per_cycle)
             self.cycles += r.stats.cycles
 
@@ -244,6 +269,8 @@ def run_e2e(
     if progress is not None:
         progress(linear.summary())
     configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
+    if cfg.lookup:
+        configs = {E2E_PLAIN_NAME: None, E2E_LOOKUP_NAME: None, **drafters}
     plans: dict[str, DraftPlan] = {}
     if cfg.draft_method == AUTO_DRAFT:
         calibration = list(prompts)
@@ -261,6 +288,9 @@ def run_e2e(
             if progress is not None:
                 progress(f"{name}: {plans[name].summary()}")
     shapes = {n: plans[n].draft if n in plans else DraftConfig(method=cfg.draft_method) for n in drafters}
+    if cfg.lookup:
+        shapes = {n: cfg.lookup_config(d) for n, d in shapes.items()}
+        shapes[E2E_LOOKUP_NAME] = cfg.lookup_config()
 
     def generator(name, max_new_tokens):
         sampling = SamplingConfig(max_new_tokens=max_new_tokens)
@@ -344,7 +374,7 @@ def _summarise(
         low = drafter.lm_head if isinstance(getattr(drafter, "lm_head", None), LowRankHead) else None
         row = dict(
             name=name,
-            kind=head_kind(drafter),
+            kind="lookup" if name == E2E_LOOKUP_NAME else head_kind(drafter),
             rank=low.rank if low is not None else None,
             rerank_k=low.rerank_k if low is not None else 0,
             draft_vocab_size=drafter.config.draft_vocab_size if drafter is not None else None,
@@ -359,10 +389,13 @@ def _summarise(
             head_ms_per_round=_per(t.head_ms, t.rounds),
             overhead_ms_per_round=_per(t.overhead_ms, t.rounds),
             head_ms=t.head_ms,
-            lossless=None if drafter is None else mism == 0,
+            lossless=None if name == E2E_PLAIN_NAME else mism == 0,
             num_mismatched_prompts=mism,
+            lookup_tokens=t.lookup_tokens,
         )
-        if drafter is not None and shapes and name in shapes:
+        if name == E2E_LOOKUP_NAME:
+            row["shape"] = f"lookup-{cfg.lookup}"
+        elif drafter is not None and shapes and name in shapes:
             row["shape"] = shape_name(shapes[name])
         if plans and name in plans:
             row.update(

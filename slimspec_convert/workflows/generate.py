@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from slimspec_convert.checkpoint.load import load_drafter
@@ -97,6 +98,7 @@ def generate_from_paths(
     on_text: Callable[[str], None] | None = None,
     on_plan: Callable[[DraftPlan], None] | None = None,
     on_linear: Callable[[LinearProductChoice], None] | None = None,
+    lookup: DraftConfig | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -112,6 +114,8 @@ def generate_from_paths(
         on_plan: called with the :class:`DraftPlan` of ``--draft auto`` before decoding.
         on_linear: called with the linear product set on both models (``gcfg.linear_product``,
             :func:`~slimspec_convert.measure.linear_product.apply_linear_product`) before decoding.
+        lookup: its prompt-lookup fields (``DraftConfig.lookup`` ...) go onto the ``auto`` shape
+            (an explicit ``dcfg`` carries its own).
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -135,6 +139,13 @@ def generate_from_paths(
         on_linear(linear)
     if dcfg == AUTO_DRAFT:
         dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan)
+        if lookup is not None:
+            dcfg = replace(
+                dcfg,
+                lookup=lookup.lookup,
+                lookup_min_ngram=lookup.lookup_min_ngram,
+                lookup_max_ngram=lookup.lookup_max_ngram,
+            )
     gen = SpeculativeGenerator(
         model,
         tokenizer,

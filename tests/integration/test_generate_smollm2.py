@@ -61,6 +61,31 @@ def test_smollm2_greedy_speculative_equals_plain_on_mt_bench(smollm2, caplog):
 
 
 @pytest.mark.integration
+def test_smollm2_demo_drafter_with_prompt_lookup_equals_plain(smollm2):
+    """The committed drafter, chain-1 with 3 prompt-lookup tokens grafted (the main job's shape), in a
+    batch of 2: greedy output equals transformers' greedy decoding, and lookup drafts were accepted."""
+    from slimspec_convert.checkpoint.load import load_drafter
+    from tests.helpers.models import REPO
+
+    model, tokenizer = smollm2
+    drafter, _ = load_drafter(REPO / "drafters" / "smollm2-135m-eagle3", target=model)
+    prompts = [t[0] for t in load_prompts(REPO / "data" / "heldout" / "general24.jsonl")][:4]
+    draft = DraftConfig(method="chain", depth=1, lookup=3)
+    gen = SpeculativeGenerator(
+        model, tokenizer, drafter.float().eval(), draft, SamplingConfig(max_new_tokens=64), batch_size=2
+    )
+    results = gen.generate(prompts)
+    for p, r in zip(prompts, results, strict=True):
+        ids, _ = gen.encode(p)
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=64, do_sample=False, eos_token_id=2, pad_token_id=2
+        )
+        assert r.output_ids == out[0, len(ids) :].tolist(), p
+    assert sum(r.stats.lookup_tokens for r in results) >= 5
+    assert max(max(r.stats.committed_per_cycle) for r in results) >= 3  # a lookup chain went deeper
+
+
+@pytest.mark.integration
 def test_smollm2_chat_rendering(smollm2):
     from slimspec_convert.decoding.prompts import render_chat
 
@@ -92,7 +117,9 @@ def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path)
     plain = runner.invoke(app, [*common, "--drafter", "none"])
     assert plain.exit_code == 0, plain.output
     spec = runner.invoke(
-        app, [*common, "--drafter", str(tmp_path / "drafter"), "--draft", "chain", "--depth", "2"]
+        app,
+        [*common, "--drafter", str(tmp_path / "drafter"), "--draft", "chain", "--depth", "2"]
+        + ["--lookup", "2"],
     )
     assert spec.exit_code == 0, spec.output
     a, b = json.loads(plain.stdout), json.loads(spec.stdout)
@@ -113,6 +140,7 @@ def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path)
             "system_prompt",
         }
         assert r["stats"]["new_tokens"] == len(r["output_ids"]) <= 6
+        assert r["stats"]["draft"]["lookup"] == 2
         assert r["stats"]["drafter_head_ms"] > 0
     # Two MT-Bench turns as one conversation, sampled (tree, top-p): turn 2 sees answer 1.
     conv = runner.invoke(

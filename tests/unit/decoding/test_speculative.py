@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from slimspec_convert.decoding.lookup import graft_sequences
 from slimspec_convert.decoding.speculative import (
     build_tree,
     process_logits,
@@ -268,7 +269,7 @@ def _chain_round(target_p, draft_q, k):
 def _tree_round(target_p, draft_q, K):
     log_q = draft_q.log().clamp(max=0)
 
-    def round_fn(root, g):
+    def round_fn(root, g, verify=None):
         n = root.shape[0]
         top1 = log_q[root].topk(K, dim=-1)  # depth 1: [n, K]
         child = log_q[top1.indices].topk(K, dim=-1)  # depth 2 under each: [n, K, K]
@@ -279,6 +280,9 @@ def _tree_round(target_p, draft_q, K):
         )
         depths = torch.tensor([1] * K + [2] * K * K)
         tree = build_tree(root, tokens, scores, parents, depths, total_tokens=4, top_k=K)
+        if verify is not None:
+            out, tree = verify(tree)
+            return out.committed_tokens(tree.tokens)
         u = torch.rand(n, tree_uniforms_needed(2, K), generator=g, dtype=torch.float64)
         out = verify_tree_sampling(tree, target_p[tree.tokens], u)
         return out.committed_tokens(tree.tokens)
@@ -286,8 +290,25 @@ def _tree_round(target_p, draft_q, K):
     return round_fn
 
 
+def _lookup_round(target_p, draft_q, K):
+    """The tree round with a deterministic 'lookup' path grafted per row (none after token 2), so
+    grafted nodes share the drafter's, add siblings, and rows get padding."""
+    tree_round = _tree_round(target_p, draft_q, K)
+
+    def round_fn(root, g):
+        def verify(tree):
+            seqs = [[] if r == 2 else [(r + 1) % V_SMALL, (r + 3) % V_SMALL] for r in root.tolist()]
+            grafted, _ = graft_sequences(tree, seqs, width=K + 1)
+            u = torch.rand(root.shape[0], tree_uniforms_needed(2, K + 1), generator=g, dtype=torch.float64)
+            return verify_tree_sampling(grafted, target_p[grafted.tokens], u), grafted
+
+        return tree_round(root, g, verify)
+
+    return round_fn
+
+
 @pytest.mark.parametrize("processing", [(0.8, 0.95, 0), (1.0, 1.0, 3)], ids=["top_p", "top_k"])
-@pytest.mark.parametrize("method", ["chain", "tree"])
+@pytest.mark.parametrize("method", ["chain", "tree", "tree+lookup"])
 def test_sampling_is_lossless_on_markov_target(method, processing):
     target_p, draft_q = _markov_tables(*processing)
     if processing[2]:  # guard: top-k really removed target mass (2 of 5 tokens per row)
@@ -295,7 +316,12 @@ def test_sampling_is_lossless_on_markov_target(method, processing):
     start = 0
     exact = target_p[start][:, None] * target_p  # P(y1, y2) = p(y1 | 0) p(y2 | y1), [V, V]
     g = torch.Generator().manual_seed(1234)
-    round_fn = _chain_round(target_p, draft_q, 3) if method == "chain" else _tree_round(target_p, draft_q, 2)
+    rounds = {
+        "chain": lambda: _chain_round(target_p, draft_q, 3),
+        "tree": lambda: _tree_round(target_p, draft_q, 2),
+    }
+    rounds["tree+lookup"] = lambda: _lookup_round(target_p, draft_q, 2)
+    round_fn = rounds[method]()
     samples = _first_two_tokens(round_fn, N_TRIALS, start, g)
     tv = _empirical_tv(samples, exact)
     bound = _tv_bound(exact.flatten(), N_TRIALS)

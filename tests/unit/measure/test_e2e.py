@@ -244,3 +244,30 @@ def test_e2e_repeat_decoding_other_tokens_is_a_mismatch(monkeypatch):
     res = run_e2e(tiny_target(), tiny_tokenizer(), {"full": tiny_drafter(seed=1)}, ["a b", "c d"], cfg)
     row = next(r for r in res.rows if r.name == "full")
     assert (row.lossless, row.num_mismatched_prompts) == (False, 1)
+
+
+def test_e2e_lookup_grafts_onto_every_drafter_and_adds_a_lookup_row():
+    """--lookup 3: every drafter's shape carries it, a drafter-less 'lookup' row is added, all lossless."""
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    cfg = BenchE2EConfig(
+        drafters=(("full", "-"),), draft_method="chain", max_new_tokens=24, warmup_tokens=0, lookup=3
+    )
+    prompts = ["a b a b a b", "c d c d"]
+    res = run_e2e(tiny_target(), tiny_tokenizer(), {"full": tiny_drafter(seed=1)}, prompts, cfg)
+    rows = {r.name: r for r in res.rows}
+    assert list(rows) == ["none", "lookup", "full"]
+    assert (rows["lookup"].kind, rows["lookup"].shape, rows["full"].shape) == (
+        "lookup",
+        "lookup-3",
+        "chain-5+lookup-3",
+    )
+    assert rows["lookup"].lossless and rows["full"].lossless
+    assert res.config["draft"]["full"]["lookup"] == 3
+    for name in ("lookup", "full"):  # the row's lookup-only drafts come from its prompts' stats
+        assert rows[name].lookup_tokens == sum(p["lookup_tokens"] for p in res.per_prompt[name])
+    with pytest.raises(ValueError, match="'lookup' is the prompt-lookup row"):
+        BenchE2EConfig(drafters=(("lookup", "-"),), lookup=3)
+    with pytest.raises(ValueError, match="lookup_min_ngram=4"):
+        BenchE2EConfig(drafters=(("full", "-"),), lookup=3, lookup_min_ngram=4)
