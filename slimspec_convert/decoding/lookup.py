@@ -71,6 +71,37 @@ class NgramLookup:
         return []
 
 
+def lookup_matches(
+    tokens: Sequence[int], roots: Sequence[int], end: int, max_tokens: int, min_ngram: int, max_ngram: int
+) -> list[tuple[int, int]]:
+    """What prompt lookup would propose at given round starts of a known text (for planning).
+
+    Args:
+        tokens: the whole text (prompt, then the target's answer).
+        roots: ascending indices of the root (last committed token) of each round start.
+        end: tokens at or after this index are not part of the text (padding).
+        max_tokens, min_ngram, max_ngram: as ``DraftConfig.lookup`` and its n-gram sizes.
+
+    Returns:
+        Per root, (tokens proposed, how many of them lead the text's own continuation).
+    """
+    out = []
+    lk: NgramLookup | None = None
+    for r in roots:
+        if lk is None:
+            lk = NgramLookup(tokens[: r + 1], min_ngram, max_ngram)
+        else:
+            lk.tokens.extend(tokens[len(lk.tokens) : r + 1])
+        prop = lk.propose(max_tokens)
+        match = 0
+        for x, y in zip(prop, tokens[r + 1 : end], strict=False):
+            if x != y:
+                break
+            match += 1
+        out.append((len(prop), match))
+    return out
+
+
 def chain_tree(root_tokens: torch.Tensor, draft_ids: torch.Tensor, width: int) -> DraftTree:
     """A chain of drafts as a :class:`DraftTree` (node i's parent is node i - 1).
 

@@ -211,6 +211,17 @@ def chain_agreement(
     return torch.cat(columns, dim=1), torch.cat(starts)
 
 
+def round_starts(ev: OnPolicyEval, depth: int) -> Tensor:
+    """The round starts ``(n, t)`` of :func:`chain_agreement` and :func:`chain_ranks`, in their column
+    order, without running a drafter: ``x_{t+1}`` and ``x_{t+1+depth}`` are answer tokens.
+
+    Returns:
+        [N, 2] int64.
+    """
+    ans = ev.answer_mask
+    return (shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)).nonzero()
+
+
 @torch.no_grad()
 def chain_ranks(drafter: Eagle3Drafter, ev: OnPolicyEval, depth: int, batch_size: int = 8) -> Tensor:
     """The rank of the target's token among the drafter's logits at each depth of each round start.

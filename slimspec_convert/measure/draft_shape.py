@@ -20,6 +20,14 @@ A speculation round costs ``T_draft(shape) + T_verify(n)``, with ``n`` the token
   drafts equal the target's tokens; for a tree of depth ``D``, top-k ``K`` and ``N`` nodes, the same
   with "equal" read as "within the drafter's ``min(K, N // D)`` best tokens" at every depth (a tree
   keeps about ``N / D`` nodes per level; an approximation, printed beside the measured figure).
+
+With prompt lookup (``DraftConfig.lookup``, :mod:`slimspec_convert.decoding.lookup`) every candidate
+carries the lookup branch, and both terms are read per round start: the lookup proposal there
+(:func:`~slimspec_convert.decoding.lookup.lookup_matches` on the same answers) accepts ``a_l`` tokens
+and the drafter ``a_d`` (the depths above), so the round commits ``1 + max(a_d, a_l)`` tokens and
+verifies ``n + proposed - min(a_d, a_l)`` (the correct leading tokens both propose are one node);
+predicted tokens/s = mean committed / (mean ``T_verify`` + ``T_draft + T_other``), the latter timed
+with the lookup on.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -39,8 +47,14 @@ import torch
 from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.lookup import lookup_matches
 from slimspec_convert.devices import clock_ms
-from slimspec_convert.measure.chain_acceptance import OnPolicyEval, build_onpolicy_eval, chain_ranks
+from slimspec_convert.measure.chain_acceptance import (
+    OnPolicyEval,
+    build_onpolicy_eval,
+    chain_ranks,
+    round_starts,
+)
 from slimspec_convert.target.cache import keep_cache_slots, new_target_cache
 from slimspec_convert.target.forward import _cache_kwarg, resolve_aux_layers
 from slimspec_convert.target.linear_product import linear_product
@@ -200,8 +214,8 @@ def verified_tokens(d: DraftConfig) -> int:
     return 1 + (d.depth if d.method == "chain" else d.total_tokens)
 
 
-def predicted_tau(ranks: torch.Tensor, d: DraftConfig) -> float:
-    """Predicted tau of a shape from the drafter's ranks of the target's tokens (module docstring).
+def drafter_accepted(ranks: torch.Tensor, d: DraftConfig) -> torch.Tensor:
+    """Per round start, the drafts of shape ``d`` accepted (module docstring), [N] float32.
 
     Args:
         ranks: [depth_max, N] int64, the rank of the target's token among the drafter's logits at
@@ -209,8 +223,33 @@ def predicted_tau(ranks: torch.Tensor, d: DraftConfig) -> float:
         d: the shape (its depth must not exceed depth_max).
     """
     k = 1 if d.method == "chain" else max(1, min(d.top_k, d.total_tokens // d.depth))
-    hit = (ranks[: d.depth] < k).int().cumprod(0).float()  # [D, N]: the first j depths all in
-    return 1.0 + float(hit.mean(1).sum())
+    return (ranks[: d.depth] < k).int().cumprod(0).float().sum(0)  # the first j depths all in
+
+
+def predicted_tau(ranks: torch.Tensor, d: DraftConfig) -> float:
+    """Predicted tau of a shape (no lookup) from the drafter's ranks (:func:`drafter_accepted`)."""
+    return 1.0 + float(drafter_accepted(ranks, d).mean())
+
+
+def lookup_rounds(ev: OnPolicyEval, depth: int, d: DraftConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt lookup at the round starts of ``chain_ranks(drafter, ev, depth)``.
+
+    Returns:
+        (proposed [N], accepted [N]) float32: tokens the lookup proposes there and how many of them
+        lead the target's answer.
+    """
+    starts = round_starts(ev, depth)
+    proposed, accepted = [], []
+    for n in range(ev.input_ids.shape[0]):
+        t = starts[starts[:, 0] == n, 1]
+        if t.numel() == 0:
+            continue
+        seq = ev.input_ids[n].tolist()
+        end = int(ev.answer_mask[n].nonzero().max()) + 1
+        hits = lookup_matches(seq, (t + 1).tolist(), end, d.lookup, d.lookup_min_ngram, d.lookup_max_ngram)
+        proposed += [p for p, _ in hits]
+        accepted += [a for _, a in hits]
+    return torch.tensor(proposed, dtype=torch.float32), torch.tensor(accepted, dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -302,6 +341,7 @@ def plan_draft_shape(
     cost_tokens: int = 16,
     cache_dir: str | Path | None = None,
     ev: OnPolicyEval | None = None,
+    lookup: DraftConfig | None = None,
 ) -> DraftPlan:
     """Pick the draft shape with the highest predicted greedy tokens/s (module docstring).
 
@@ -316,6 +356,8 @@ def plan_draft_shape(
         ev: the target's answers to ``prompts`` and their aux hidden states, when already built
             (:func:`build_onpolicy_eval` with ``max_new_tokens`` and the drafter's aux layers; e.g.
             shared by the drafters of one benchmark); None builds it here.
+        lookup: its prompt-lookup fields go onto every candidate and into the prediction (module
+            docstring); None or ``lookup = 0``: no lookup.
 
     Returns:
         :class:`DraftPlan`.
@@ -339,15 +381,29 @@ def plan_draft_shape(
     context = 64 * math.ceil((prompt_tokens + max_new_tokens / 2) / 64)
     vc = verify_cost(model, cache_dir, context=context)
     shapes = candidate_shapes(drafter.config.draft_vocab_size)
-    ranks = chain_ranks(drafter, ev, max(s.depth for s in shapes))
+    depth_max = max(s.depth for s in shapes)
+    ranks = chain_ranks(drafter, ev, depth_max)
+    looked = None
+    if lookup is not None and lookup.lookup:
+        fields = {f: getattr(lookup, f) for f in ("lookup", "lookup_min_ngram", "lookup_max_ngram")}
+        shapes = [replace(s, **fields) for s in shapes]
+        looked = lookup_rounds(ev, depth_max, shapes[0])
     _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens)  # warm-up
     cands = []
     for s in shapes:
-        tau = predicted_tau(ranks, s)
-        v = vc.at(verified_tokens(s))
+        if looked is None:
+            tau, v = predicted_tau(ranks, s), vc.at(verified_tokens(s))
+        else:
+            proposed, a_l = looked
+            a_d = drafter_accepted(ranks, s)
+            tau = 1.0 + float(torch.maximum(a_d, a_l).mean())
+            nodes = verified_tokens(s) + proposed - torch.minimum(a_d, a_l)
+            v = statistics.fmean(vc.at(int(n)) for n in nodes.tolist())
         other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens)
         cands.append(ShapeCandidate(shape_name(s), asdict(s), tau, v, other, tau / ((v + other) / 1e3)))
     cands.sort(key=lambda c: -c.predicted_tokens_per_s)
     best = DraftConfig(**cands[0].draft)
-    plain = 1e3 / (vc.at(1) + _draft_and_loop_ms(model, tokenizer, None, prompts[0], best, cost_tokens))
+    plain_shape = replace(best, lookup=0)
+    plain_ms = _draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens)
+    plain = 1e3 / (vc.at(1) + plain_ms)
     return DraftPlan(best, tuple(cands), plain, vc, len(prompts), time.perf_counter() - t0)

@@ -284,7 +284,10 @@ def run_e2e(
             aux = resolve_aux_layers(d.config, target_model)
             if aux not in answered:
                 answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux)
-            plans[name] = plan_draft_shape(target_model, tokenizer, d, calibration, ev=answered[aux])
+            look = cfg.lookup_config() if cfg.lookup else None
+            plans[name] = plan_draft_shape(
+                target_model, tokenizer, d, calibration, ev=answered[aux], lookup=look
+            )
             if progress is not None:
                 progress(f"{name}: {plans[name].summary()}")
     shapes = {n: plans[n].draft if n in plans else DraftConfig(method=cfg.draft_method) for n in drafters}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from slimspec_convert.checkpoint.load import load_drafter
@@ -65,12 +64,14 @@ def auto_draft(
     scfg: SamplingConfig,
     on_plan: Callable[[DraftPlan], None] | None = None,
     calibration: list[str] | None = None,
+    lookup: DraftConfig | None = None,
 ) -> DraftConfig:
     """``--draft auto``: the shape :func:`~slimspec_convert.measure.draft_shape.plan_draft_shape` picks.
 
     Args:
         calibration: prompts to measure acceptance on (default: the first
             :data:`AUTO_CALIBRATION_PROMPTS` of ``prompts``, whose greedy answers the run then repeats).
+        lookup: prompt-lookup fields planned with and kept on the shape (None: no lookup).
 
     Raises:
         ValueError: no drafter, or sampling (the plan predicts greedy acceptance).
@@ -81,7 +82,9 @@ def auto_draft(
         raise ValueError(
             "--draft auto plans for greedy decoding; with --temperature > 0 give --draft tree|chain"
         )
-    plan = plan_draft_shape(model, tokenizer, drafter, (calibration or prompts)[:AUTO_CALIBRATION_PROMPTS])
+    plan = plan_draft_shape(
+        model, tokenizer, drafter, (calibration or prompts)[:AUTO_CALIBRATION_PROMPTS], lookup=lookup
+    )
     if on_plan is not None:
         on_plan(plan)
     return plan.draft
@@ -114,8 +117,8 @@ def generate_from_paths(
         on_plan: called with the :class:`DraftPlan` of ``--draft auto`` before decoding.
         on_linear: called with the linear product set on both models (``gcfg.linear_product``,
             :func:`~slimspec_convert.measure.linear_product.apply_linear_product`) before decoding.
-        lookup: its prompt-lookup fields (``DraftConfig.lookup`` ...) go onto the ``auto`` shape
-            (an explicit ``dcfg`` carries its own).
+        lookup: its prompt-lookup fields (``DraftConfig.lookup`` ...) are planned with and kept on
+            the ``auto`` shape (an explicit ``dcfg`` carries its own).
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -138,14 +141,7 @@ def generate_from_paths(
     if on_linear is not None:
         on_linear(linear)
     if dcfg == AUTO_DRAFT:
-        dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan)
-        if lookup is not None:
-            dcfg = replace(
-                dcfg,
-                lookup=lookup.lookup,
-                lookup_min_ngram=lookup.lookup_min_ngram,
-                lookup_max_ngram=lookup.lookup_max_ngram,
-            )
+        dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan, lookup=lookup)
     gen = SpeculativeGenerator(
         model,
         tokenizer,

@@ -164,8 +164,8 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
 
     seen = {}
 
-    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks):
-        seen["generate"] = gcfg
+    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks, lookup=None):
+        seen["generate"], seen["lookup"] = gcfg, lookup
         return []
 
     def fake_convert(src, out, cfg):
@@ -176,8 +176,13 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
     monkeypatch.setattr(cli_convert, "convert_checkpoint", fake_convert)
     runner = CliRunner()
     args = ["generate", "--target", "t", "--drafter", "none", "--prompt", "hi", "--device", "cuda:1"]
-    assert runner.invoke(app, [*args, "--dtype", "fp16", "--json"]).exit_code == 0
+    assert runner.invoke(app, [*args, "--dtype", "fp16", "--json", "--lookup", "3"]).exit_code == 0
     assert (seen["generate"].device, seen["generate"].dtype) == ("cuda:1", "fp16")
+    assert (seen["lookup"].lookup, seen["lookup"].lookup_min_ngram, seen["lookup"].lookup_max_ngram) == (
+        3,
+        2,
+        3,
+    )
     args = ["convert", "src", str(tmp_path / "o"), "--target", "t", "--no-calibration", "--device", "cpu"]
     res = runner.invoke(app, [*args, "--calibration-dtype", "bf16"])
     assert res.exit_code == 0, res.output

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from slimspec_convert.decoding.config import DraftConfig
+from slimspec_convert.decoding.lookup import lookup_matches
 from slimspec_convert.measure import draft_shape
 from slimspec_convert.measure.chain_acceptance import (
     chain_acceptance,
     chain_agreement,
     chain_ranks,
     onpolicy_eval_from_ids,
+    round_starts,
 )
 from slimspec_convert.measure.draft_shape import (
     VerifyCost,
@@ -124,3 +126,38 @@ def test_auto_draft_refuses_no_drafter_and_sampling():
         auto_draft(target, tok, None, ["hi"], SamplingConfig())
     with pytest.raises(ValueError, match="plans for greedy decoding"):
         auto_draft(target, tok, tiny_drafter(), ["hi"], SamplingConfig(temperature=0.7))
+
+
+def test_round_starts_are_chain_agreements_columns_and_lookup_matches_reads_the_text():
+    target = tiny_target(seed=3, vocab_size=V)
+    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7)]
+    ev = onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+    _, starts = chain_agreement(drafter, ev, 3)
+    assert torch.equal(round_starts(ev, 3), starts)
+    text = [7, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 9]
+    # root 5 (token 1): (4, 1) never occurred; alone, 1 occurred at 1 -> [2, 3, 4] against 2, 3, 5
+    # root 6 (token 2): (1, 2) ended at 2 -> [3, 4, 1] against 3, 5
+    # root 9 (token 1): (5, 1) never occurred; alone, 1 last occurred at 5 -> [2, 3, 5] against 2, 9
+    assert lookup_matches(text, [5, 6, 9], 12, 3, 2, 3) == [(0, 0), (3, 1), (0, 0)]
+    assert lookup_matches(text, [5, 6, 9], 12, 3, 1, 3) == [(3, 2), (3, 1), (3, 1)]
+    assert lookup_matches(text, [9], 10, 3, 1, 3) == [(3, 0)]  # the text ends at 10: nothing to match
+
+
+def test_the_plan_with_lookup_carries_it_on_every_candidate_and_predicts_no_less(tmp_path):
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafter = tiny_drafter(seed=1)
+    prompts = ["a b a b a b", "c d c d c d"]
+    kw = dict(max_new_tokens=16, cost_tokens=6, cache_dir=tmp_path)
+    plain = plan_draft_shape(target, tok, drafter, prompts, **kw)
+    look = plan_draft_shape(
+        target, tok, drafter, prompts, **kw, lookup=DraftConfig(lookup=3, lookup_min_ngram=1)
+    )
+    assert all(c.draft["lookup"] == 3 and c.shape.endswith("+lookup-3") for c in look.candidates)
+    assert look.draft.lookup == 3 and look.draft.lookup_min_ngram == 1
+    before = {c.shape: c.predicted_tau for c in plain.candidates}
+    after = {c.shape.removesuffix("+lookup-3"): c.predicted_tau for c in look.candidates}
+    assert before.keys() == after.keys()
+    assert all(after[s] >= before[s] for s in before)
+    assert any(after[s] > before[s] for s in before)  # guard: the lookup was right somewhere
