@@ -24,27 +24,27 @@ DRAFTER=${DRAFTER:-drafters/smollm2-135m-eagle3}  # a full-vocabulary EAGLE-3 dr
 TRAIN_DATA=data/train/gsm8k/train.jsonl
 mkdir -p "$OUT"
 
-echo "== 1/5 target"
+echo "== 1/5 target [${SECONDS} s]"
 TARGET=$(slimspec fetch-smollm2)
 echo "target: $TARGET"
 
-echo "== 2/5 convert (r = d/8, calibrated on the target's answers to 64 built-in training prompts)"
+echo "== 2/5 convert (r = d/8, calibrated on the target's answers to 64 built-in training prompts) [${SECONDS} s]"
 slimspec convert "$DRAFTER" "$OUT/slimspec-r72" --target "$TARGET" --force
 
-echo "== 3/5 static vocabulary trimming baseline (16k)"
+echo "== 3/5 static vocabulary trimming baseline (16k) [${SECONDS} s]"
 slimspec trim "$DRAFTER" "$OUT/trim16k" --draft-vocab-size 16384 --data "$TRAIN_DATA" \
   --data data/train/gpteacher/codegen-instruct.json --target "$TARGET" --force
 
-echo "== 4/5 recovery fine-tune (the default on-policy recipe${FT_STEPS:+, $FT_STEPS steps})"
+echo "== 4/5 recovery fine-tune (the default on-policy recipe${FT_STEPS:+, $FT_STEPS steps}) [${SECONDS} s]"
 slimspec finetune --target "$TARGET" --drafter "$OUT/slimspec-r72" \
   --data data/train/distilled/smollm2-135m-instruct.jsonl --out "$OUT/slimspec-r72-ft" \
   ${FT_STEPS:+--steps "$FT_STEPS"} --force
 
-echo "== 5/5 bench e2e"
+echo "== 5/5 bench e2e [${SECONDS} s]"
 slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
   --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
   --drafter slimspec-rerank="$OUT/slimspec-r72-ft" --rerank slimspec-rerank=64 \
   --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" \
   --draft auto --auto-prompts data/heldout/general24.jsonl --repeats 2 --lookup 3 \
   --out "$OUT/e2e" --force
-echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png)"
+echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png); the main job took ${SECONDS} s"
