@@ -6,6 +6,7 @@ computed with transformers' own warpers (sampling)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -69,6 +70,19 @@ def test_greedy_equals_plain_generate_batch1_and_left_padded_batch3(target16, pr
     assert torch.equal(spec(target16, drafter, **batch, draft=draft, **GREEDY), want)
     assert bool((batch["attention_mask"] == 0).any())  # guard: really padded
     assert longest_put >= 2  # guard: a round committed several drafts
+
+
+def test_prompt_lookup_through_generate_equals_plain_generate(target16, prompts16):
+    """A DraftConfig with lookup passes through ``draft=``: the padded batch decodes as plain greedy."""
+    drafter = tiny_drafter(seed=0, **HEADS["dense"])
+    draft = dataclasses.replace(CHAIN, depth=1, lookup=3, lookup_min_ngram=1)
+    kw = {**GREEDY, "max_new_tokens": 40}
+    batch = left_pad(prompts16)
+    want = target16.generate(**batch, **kw)
+    assert torch.equal(spec(target16, drafter, **batch, draft=draft, **kw), want)
+    rec = Recorder()  # guard: some round committed lookup drafts (more than drafter depth 1 + bonus)
+    spec(target16, drafter, input_ids=torch.tensor([prompts16[0]]), draft=draft, streamer=rec, **kw)
+    assert max(len(put) for put in rec.puts[1:]) >= 3
 
 
 def test_return_dict_in_generate_gives_the_output_object(target16, prompts16):
