@@ -1,9 +1,9 @@
 """Prompt lookup drafts grafted onto the drafter's: copying from the context, losslessly.
 
 A drafter of one decoder layer rarely copies: on the target's own answers the committed demo
-drafter's first draft is right at 45% of the positions that continue an earlier bigram, while the
-token after the most recent earlier match of the last 2-3 tokens is right at 23% of the positions
-where the drafter is wrong (``examples/copy_diagnosis.py``). Prompt lookup (Saxena 2023, "Prompt
+drafter's first draft is right at 45% of the positions that continue an earlier bigram, and the
+token after the most recent earlier match of the last 1-3 tokens is right where the drafter is
+wrong at 23% of all positions (``examples/copy_diagnosis.py``). Prompt lookup (Saxena 2023, "Prompt
 Lookup Decoding"; transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram`` speculator with
 ``prompt_lookup_min`` / ``prompt_lookup_max``) proposes exactly those tokens for free.
 
