@@ -17,7 +17,12 @@ from slimspec_convert.cli.app import (
     apply_threads,
     command,
 )
-from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
+from slimspec_convert.decoding.config import (
+    DraftConfig,
+    GenerateConfig,
+    SamplingConfig,
+    check_lookup_sampling,
+)
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.measure.draft_shape import AUTO_DRAFT
 from slimspec_convert.workflows.generate import generate_from_paths
@@ -116,6 +121,8 @@ def generate(
         else replace(look, method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
     )
     scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    if not auto and drafter.lower() != "none":
+        check_lookup_sampling(dcfg, scfg)  # before the models load
     if stream and json_out:
         raise ValueError("--stream and --json: choose one (--json prints everything at the end)")
     on_text = (lambda text: typer.echo(text, nl=False)) if stream else None
@@ -157,6 +164,7 @@ def stats_line(result: GenerationResult) -> str:
         f"{s.new_tokens} new tokens, {s.cycles} cycles, tau {tau} (accepted drafts + 1 bonus per "
         f"verification), {s.tokens_per_s:.1f} tokens/s, target {s.target_ms:.0f} ms, drafter "
         f"{s.drafter_backbone_ms:.0f} ms, head {s.drafter_head_ms:.0f} ms"
+        + (f", {s.lookup_tokens} accepted drafts from the lookup alone" if s.draft.get("lookup") else "")
     )
 
 
@@ -166,17 +174,9 @@ def _print_results(results: list[GenerationResult]) -> None:
 
     console = Console()
     table = Table(title="slimspec generate (tau = accepted drafts + 1 bonus per target verification)")
-    for col in (
-        "#",
-        "prompt",
-        "new tokens",
-        "cycles",
-        "tau",
-        "tokens/s",
-        "target ms",
-        "drafter ms",
-        "head ms",
-    ):
+    lookup = any(r.stats.draft.get("lookup") for r in results)
+    cols = ["#", "prompt", "new tokens", "cycles", "tau", "tokens/s", "target ms", "drafter ms", "head ms"]
+    for col in cols + (["lookup drafts"] if lookup else []):
         table.add_column(col, justify="left" if col == "prompt" else "right")
     for i, r in enumerate(results):
         s = r.stats
@@ -192,5 +192,8 @@ def _print_results(results: list[GenerationResult]) -> None:
             f"{s.target_ms:.0f}",
             f"{s.drafter_backbone_ms:.0f}",
             f"{s.drafter_head_ms:.0f}",
+            *([str(s.lookup_tokens)] if lookup else []),
         )
     console.print(table)
+    if lookup:
+        console.print("lookup drafts: accepted drafts that only the prompt lookup proposed (--lookup)")

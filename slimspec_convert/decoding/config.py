@@ -73,6 +73,22 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens}: expected >= 1")
 
 
+def check_lookup_sampling(draft: DraftConfig, sampling: SamplingConfig) -> None:
+    """Refuse prompt lookup with a sampled chain (a drafter is assumed).
+
+    Raises:
+        ValueError: ``draft.lookup > 0``, ``draft.method == "chain"`` and ``sampling.temperature > 0``:
+            sampled chain drafts are not point-mass proposals, so they cannot share a verification
+            tree with the deterministic lookup branch.
+    """
+    if draft.lookup and draft.method == "chain" and sampling.temperature > 0:
+        raise ValueError(
+            f"DraftConfig.lookup={draft.lookup} with a chain and temperature {sampling.temperature}: sampled "
+            "chain drafts cannot share a tree with the deterministic lookup branch; draft with "
+            "method='tree' (--draft tree) or set lookup=0 (--lookup 0)"
+        )
+
+
 # ---- generate (issue 3) --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GenerateConfig:

@@ -34,7 +34,7 @@ from slimspec_convert.decoding.batch import (
     pad_left,
     verify_attention_mask,
 )
-from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.config import DraftConfig, SamplingConfig, check_lookup_sampling
 from slimspec_convert.decoding.drafting import DrafterRunner, block_mask, check_finite_logits
 from slimspec_convert.decoding.lookup import NgramLookup, chain_tree, graft_sequences
 from slimspec_convert.decoding.prompts import chat_template_id, render_chat
@@ -76,8 +76,9 @@ class SpeculativeGenerator:
             the model's generation config, its config and the tokenizer).
 
     Raises:
-        ValueError: drafter and target disagree (vocabulary, hidden width, aux layers), or the
-            draft shape does not fit the drafter.
+        ValueError: drafter and target disagree (vocabulary, hidden width, aux layers), the
+            draft shape does not fit the drafter, or prompt lookup with a sampled chain
+            (:func:`~slimspec_convert.decoding.config.check_lookup_sampling`).
     """
 
     def __init__(
@@ -112,11 +113,8 @@ class SpeculativeGenerator:
         self.aux_layers: tuple[int, ...] = ()
         if drafter is not None:
             self.aux_layers = self._check_drafter(drafter)
-        if self.draft.lookup and drafter is not None and self.draft.method == "chain" and not self.greedy:
-            raise ValueError(
-                "DraftConfig.lookup with temperature > 0 and a chain: sampled chain drafts cannot share "
-                "a tree with the deterministic lookup branch; use --draft tree (or lookup 0)"
-            )
+        if drafter is not None:
+            check_lookup_sampling(self.draft, self.sampling)
 
     # ---- setup -------------------------------------------------------------------------------
     def _check_drafter(self, drafter: Eagle3Drafter) -> tuple[int, ...]:

@@ -39,7 +39,7 @@ class GenerationStats:
         chat_template: ``sha256:<12 hex>`` of the chat template used, None without one.
         system_prompt: the system message passed (None = the template's default, if any).
         lookup_tokens: accepted drafts that only the prompt lookup proposed (``DraftConfig.lookup``);
-            ``new_tokens - lookup_tokens`` is what the drafter and the bonus tokens gave.
+            the rest of ``new_tokens`` came from the drafter, the bonus tokens and the prefill's token.
     """
 
     tau: float | None

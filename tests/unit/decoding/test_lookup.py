@@ -126,9 +126,19 @@ def test_sampling_with_lookup_rows_equal_their_batch1_output(target16, prompts16
     assert single != reference40  # guard: really sampled
 
 
-def test_lookup_with_a_sampled_chain_is_refused(target16):
+def test_lookup_with_a_sampled_chain_is_refused(target16, tmp_path):
     cfg = dataclasses.replace(CHAIN, lookup=3)
-    with pytest.raises(ValueError, match="sampled chain drafts cannot share a tree"):
+    want = r"DraftConfig.lookup=3 with a chain and temperature 1.0: .* method='tree' \(--draft tree\)"
+    with pytest.raises(ValueError, match=want):
         SpeculativeGenerator(
             target16, None, tiny_drafter(seed=0, **HEADS["dense"]), cfg, SamplingConfig(temperature=1.0)
         )
+    # the CLI refuses it before loading any model (the paths do not exist)
+    from typer.testing import CliRunner
+
+    from slimspec_convert.cli.app import app
+
+    args = ["generate", "--target", str(tmp_path / "no-target"), "--drafter", str(tmp_path / "no-drafter")]
+    args += ["--prompt", "hi", "--draft", "chain", "--lookup", "3", "--temperature", "0.7"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "sampled chain drafts cannot share a tree" in res.output
