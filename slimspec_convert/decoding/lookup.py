@@ -91,7 +91,7 @@ def lookup_matches(
         if lk is None:
             lk = NgramLookup(tokens[: r + 1], min_ngram, max_ngram)
         else:
-            lk.tokens.extend(tokens[len(lk.tokens) : r + 1])
+            lk.sync(tokens[lk.prompt_len : r + 1])
         prop = lk.propose(max_tokens)
         match = 0
         for x, y in zip(prop, tokens[r + 1 : end], strict=False):

@@ -41,12 +41,17 @@ def test_predicted_tau_reads_top1_for_chains_and_the_per_level_width_for_trees()
     assert predicted_tau(ranks, tree) == pytest.approx(1 + (3 + 3 + 3) / 4)
 
 
-def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
+def _drafter_and_answers():
+    """A tiny drafter and the tiny target's greedy answers to four random prompts (on-policy set)."""
     target = tiny_target(seed=3, vocab_size=V)
     drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7)]
-    ev = onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+    return drafter, onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+
+
+def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
+    drafter, ev = _drafter_and_answers()
     ranks = chain_ranks(drafter, ev, 3)
     agree, _ = chain_agreement(drafter, ev, 3)
     assert torch.equal(ranks == 0, agree)
@@ -129,11 +134,7 @@ def test_auto_draft_refuses_no_drafter_and_sampling():
 
 
 def test_round_starts_are_chain_agreements_columns_and_lookup_matches_reads_the_text():
-    target = tiny_target(seed=3, vocab_size=V)
-    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7)]
-    ev = onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+    drafter, ev = _drafter_and_answers()
     _, starts = chain_agreement(drafter, ev, 3)
     assert torch.equal(round_starts(ev, 3), starts)
     text = [7, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 9]
