@@ -16,7 +16,9 @@ the target's greedy token. Printed, one JSON object:
   3 tokens ending at ``x_{t+1}``; its agreement, and the share of positions where it is right and
   the drafter wrong.
 
-Usage: python examples/copy_diagnosis.py DRAFTER OUT.json [MAX_NEW=128]   (about 2 min on 2 cores)
+Usage: python examples/copy_diagnosis.py DRAFTER OUT.json [MAX_NEW=128] [PROMPTS=data/heldout/general24.jsonl]
+(about 2 min on 2 cores; ``data/heldout/copy12.jsonl`` asks the target to repeat 12 held-out texts,
+where a drafter that copies agrees almost everywhere)
 """
 
 import json
@@ -46,10 +48,11 @@ def lookup(seq: list[int], t: int, max_ngram: int = 3) -> int | None:
 torch.set_num_threads(2)
 drafter_path, out = sys.argv[1], sys.argv[2]
 max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+prompts_path = sys.argv[4] if len(sys.argv) > 4 else "data/heldout/general24.jsonl"
 model, tok = load_target(get_smollm2(), "float32")
 d, _ = load_drafter(drafter_path, target=model)
 d = d.float().eval()
-prompts = [r.messages[-1][1] for r in read_prompts(["data/heldout/general24.jsonl"])]
+prompts = [r.messages[-1][1] for r in read_prompts([prompts_path])]
 ev = build_onpolicy_eval(model, tok, prompts, resolve_aux_layers(d.config, model), max_new_tokens=max_new)
 agree, starts = chain_agreement(d, ev, 1)  # agree [1, N]: first draft == x_{t+2}; starts [N, 2] (n, t)
 probs, seqs = {}, {}
@@ -73,6 +76,7 @@ def share(xs) -> float:
 edges = [0.0, 0.3, 0.5, 0.7, 0.9, 1.01]
 result = {
     "drafter": drafter_path,
+    "prompts": prompts_path,
     "positions": len(rows),
     "agree": share(r[0] for r in rows),
     "by_target_confidence": [

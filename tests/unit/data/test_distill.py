@@ -161,7 +161,11 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
 
 @pytest.mark.parametrize(
     ("name", "count"),
-    [("smollm2-135m-instruct-onpolicy.jsonl.gz", 8036), ("smollm2-135m-instruct-selfprompts.jsonl.gz", 1024)],
+    [
+        ("smollm2-135m-instruct-onpolicy.jsonl.gz", 8036),
+        ("smollm2-135m-instruct-selfprompts.jsonl.gz", 1024),
+        ("smollm2-135m-instruct-copy.jsonl.gz", 1200),
+    ],
 )
 def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, count):
     from slimspec_convert.data.distill import _eval_prompt_index, _normalise, is_distilled
@@ -171,10 +175,29 @@ def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, co
     assert is_distilled([path])
     firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
     assert len(firsts) == count
-    held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
+    heldout = [DATA / "heldout" / "general24.jsonl", DATA / "heldout" / "copy12.jsonl"]
+    held = {_normalise(r.messages[-1][1]) for r in read_prompts(heldout)}
     bench = _eval_prompt_index()
-    assert len(bench) > 1000 and len(held) == 24
+    assert len(bench) > 1000 and len(held) == 36
     assert not [t for t in firsts if t in bench or t in held]
+
+
+def test_copy_prompts_leave_the_copy12_texts_out():
+    """The texts ``data/heldout/copy12.jsonl`` asks the target to repeat occur in no copy training
+    prompt, and its answers (the committed copy file) are to those prompts, line for line."""
+    from slimspec_convert.data.records import read_conversations
+
+    header = "Repeat the following text exactly, word for word:\n\n"
+    held = [r.messages[-1][1] for r in read_prompts([DATA / "heldout" / "copy12.jsonl"])]
+    assert len(held) == 12 and all(t.startswith(header) for t in held)
+    texts = [t[len(header) :][:200] for t in held]
+    train = [
+        r.messages[-1][1] for r in read_prompts([DATA / "train" / "copy_prompts" / "copy-prompts.jsonl"])
+    ]
+    assert len(train) == 1200
+    assert not [t for t in texts if any(t in p for p in train)]
+    answers = read_conversations([DATA / "train" / "distilled" / "smollm2-135m-instruct-copy.jsonl.gz"])
+    assert [c[0]["content"] for c in answers] == train
 
 
 def test_cli_max_prompt_tokens_skips_and_counts_long_prompts(prompts_file, tmp_path):
