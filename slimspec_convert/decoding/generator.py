@@ -113,7 +113,6 @@ class SpeculativeGenerator:
         self.aux_layers: tuple[int, ...] = ()
         if drafter is not None:
             self.aux_layers = self._check_drafter(drafter)
-        if drafter is not None:
             check_lookup_sampling(self.draft, self.sampling)
 
     # ---- setup -------------------------------------------------------------------------------

@@ -291,8 +291,9 @@ def tree_from_parents(tokens: Tensor, parents: Tensor, depths: Tensor, width: in
         -1
     )
     rank = same.sum(-1)  # [B, T]
-    if T > 1 and int(rank[:, 1:].max()) >= width:
-        raise ValueError(f"a draft-tree node has {int(rank.max()) + 1} children, more than width={width}")
+    most = int(rank[:, 1:].max()) + 1 if T > 1 else 0  # the most children of any node
+    if most > width:
+        raise ValueError(f"a draft-tree node has {most} children, more than width={width}")
     children = torch.full((B, (T + 1) * width), -1, dtype=torch.long, device=dev)
     flat = torch.where(pad, T * width, up * width + rank)[:, 1:]  # padding goes to a spare row
     children.scatter_(1, flat, torch.arange(1, T, device=dev).expand(B, T - 1))
