@@ -1,9 +1,11 @@
-"""Initialising a new EAGLE-3 drafter for a target (embeddings and head from the target, aux layers)."""
+"""Initialising a new EAGLE-3 drafter for a target (embeddings and head from the target, aux layers),
+and growing an existing one by a hand-built induction head (:func:`add_induction_head`)."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from slimspec_convert.model.config import DrafterConfig, default_aux_boundaries
 from slimspec_convert.model.drafter import Eagle3Drafter
@@ -75,3 +77,147 @@ def new_drafter_for_target(
             head = head[draft_to_target_ids(d2t)]
         drafter.lm_head.weight.copy_(head)
     return drafter
+
+
+def _unit_rms(x: Tensor) -> Tensor:
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+
+
+@torch.no_grad()
+def fit_token_probe(
+    drafter: Eagle3Drafter, aux_hidden: Tensor, input_ids: Tensor, mask: Tensor, ridge: float = 1e-2
+) -> tuple[Tensor, float]:
+    """Least-squares map from the drafter's normed feature at position j to the token read there.
+
+    ``b_j = midlayer.hidden_norm(fuse(aux_j))`` is what the decoder layer's key projection sees of
+    the target at j; the probe ``M`` maps it to the unit-rms embedding of ``x_j`` (ridge regression).
+
+    Args:
+        drafter: the drafter whose ``fc`` and ``hidden_norm`` define ``b``.
+        aux_hidden: [N, T, K*dt] the target's aux hidden states (float or bfloat16).
+        input_ids: [N, T] int64 the tokens the target read (``x_j`` at position j).
+        mask: [N, T] bool, True at real (non-padding) positions.
+        ridge: ridge strength, as a fraction of the number of positions.
+
+    Returns:
+        (M [d, d] float32, top-1 share: how often the nearest embedding to ``M b_j`` is ``x_j``).
+
+    Raises:
+        ValueError: no real position.
+    """
+    if not bool(mask.any()):
+        raise ValueError("fit_token_probe: no real position in mask")
+    b = drafter.midlayer.hidden_norm(drafter.fuse(aux_hidden.float()))[mask].float()  # [P, d]
+    ids = input_ids[mask]
+    E = _unit_rms(drafter.embed_tokens.weight.float())  # [V, d]
+    target = E[ids]
+    gram = b.T @ b + ridge * b.shape[0] * torch.eye(b.shape[1])
+    M = torch.linalg.solve(gram, b.T @ target).T
+    nearest = (F.normalize(b @ M.T, dim=-1) @ F.normalize(E, dim=-1).T).argmax(-1)
+    return M, float((nearest == ids).float().mean())
+
+
+@torch.no_grad()
+def add_induction_head(
+    drafter: Eagle3Drafter,
+    probe: Tensor,
+    *,
+    scale: float = 1.0,
+    alpha: float = 5.0,
+    num_pairs: int = 20,
+    seed: int = 0,
+) -> Eagle3Drafter:
+    """A copy of ``drafter`` with one more KV head (and its query heads) built as an induction head.
+
+    EAGLE-3's first layer reads ``[input_layernorm(e(x_{t+1})); hidden_norm(g_t)]`` at position t
+    and predicts ``x_{t+2}``. When ``x_{t+1}`` occurred before, at position j, the token after it,
+    ``x_{j+1}``, is a good guess (prompt lookup's unigram rule; Olsson et al. 2022, "In-context
+    learning and induction heads"). One attention head can do that lookup here because EAGLE-3
+    already shifts the embedding by one (the embedding half at j is ``x_{j+1}``):
+
+    * query at t: ``scale * sqrt(hd) * P e^(x_{t+1})`` (embedding half);
+    * key at j: ``P M b_j``, where ``M`` (:func:`fit_token_probe`) reads ``x_j`` off the feature;
+    * value at j: ``Pv e^(x_{j+1})`` (embedding half);
+    * output: ``alpha * diag(1 / w_norm) A Pv^T v``, which raises the logit of ``x_{j+1}`` (``A``
+      maps embedding directions to head rows by least squares: the identity for a head tied to the
+      embedding, as SmolLM2's).
+
+    ``e^`` is the unit-rms embedding, ``P`` [2 * num_pairs, d] random orthonormal rows placed in the
+    ``num_pairs`` lowest-frequency RoPE pairs (their rotation over a few hundred tokens is small, so
+    the match does not depend on distance), ``Pv`` [hd, d] the top principal directions of the
+    embeddings. The other query heads of the new group start at zero (uniform attention, zero
+    output columns); fine-tuning trains all of it. The layout stays a plain EAGLE-3 Llama layer
+    (``num_attention_heads`` and ``num_key_value_heads`` grow by one group), so any EAGLE-3 runtime
+    loads it.
+
+    Args:
+        drafter: the source drafter (not modified).
+        probe: [d, d] from :func:`fit_token_probe` on this drafter.
+        scale: query scale (attention sharpness).
+        alpha: output scale; 0 leaves the drafter's function unchanged.
+        num_pairs: RoPE pairs used for matching (at most head_dim / 2).
+        seed: seed of ``P``.
+
+    Returns:
+        A new float32 drafter in eval mode.
+
+    Raises:
+        ValueError: ``num_pairs`` out of range, a drafter whose query heads do not divide into its
+            KV heads, or a low-rank head (grow the dense drafter, then convert).
+    """
+    cfg = drafter.config
+    d, hd = cfg.hidden_size, cfg.resolved_head_dim
+    if not 0 < num_pairs <= hd // 2:
+        raise ValueError(f"add_induction_head: num_pairs {num_pairs} not in 1..{hd // 2} (head_dim {hd})")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError("add_induction_head: query heads must divide into KV heads")
+    if cfg.head_rank is not None:
+        raise ValueError("add_induction_head: needs the dense head; grow the drafter before converting it")
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    wide = Eagle3Drafter(
+        cfg.replace(
+            num_attention_heads=cfg.num_attention_heads + group,
+            num_key_value_heads=cfg.num_key_value_heads + 1,
+        )
+    ).float()
+    old, new = drafter.state_dict(), wide.state_dict()
+    for key, value in new.items():
+        src = old[key].float() if old[key].is_floating_point() else old[key]
+        if src.shape == value.shape:
+            new[key] = src.clone()
+        else:  # the attention projections grow: old rows (or o_proj columns) kept, new ones zero
+            grown = torch.zeros_like(value)
+            if key.endswith("o_proj.weight"):
+                grown[:, : src.shape[1]] = src
+            else:
+                grown[: src.shape[0]] = src
+            new[key] = grown
+    wide.load_state_dict(new)
+    gen = torch.Generator().manual_seed(seed)
+    E = _unit_rms(wide.embed_tokens.weight.float())
+    sample = (E - E.mean(0))[torch.randperm(E.shape[0], generator=gen)[: min(E.shape[0], 16384)]]
+    Vh = torch.linalg.svd(sample, full_matrices=False)[2]  # principal directions of the embeddings
+    Pv = Vh[:hd]  # [hd, d]
+    P = torch.linalg.qr(torch.randn(d, 2 * num_pairs, generator=gen))[0].T  # [2 * num_pairs, d]
+    low = list(range(hd // 2 - num_pairs, hd // 2))
+    slots = torch.tensor(low + [i + hd // 2 for i in low])  # rotate_half pairs i with i + hd/2
+    attn = wide.midlayer.self_attn
+    w_in = wide.midlayer.input_layernorm.weight.float()
+    w_out = getattr(wide.norm, "weight", None)  # None when the drafter has no final norm
+    q0, k0 = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    attn.q_proj.weight[q0 : q0 + hd].zero_()
+    attn.q_proj.weight[q0 + slots, :d] = scale * hd**0.5 * P / w_in
+    attn.k_proj.weight[k0 : k0 + hd].zero_()
+    attn.k_proj.weight[k0 + slots, d:] = P @ probe.float()
+    attn.v_proj.weight[k0 : k0 + hd].zero_()
+    attn.v_proj.weight[k0 : k0 + hd, :d] = Pv / w_in
+    # embedding direction -> head direction: least squares over the head's rows (identity for a
+    # head tied to the embedding, as SmolLM2's and the demo drafter's)
+    head = _unit_rms(wide.lm_head.weight.float())  # [V_d, d]
+    rows = E if wide.d2t is None else E[draft_to_target_ids(wide.d2t)]
+    to_head = torch.linalg.lstsq(rows, head).solution.T  # [d, d]: head_y ~ to_head @ e^_y
+    out = to_head @ Pv.T  # [d, hd]
+    if w_out is not None:
+        out = out / w_out.float()[:, None]
+    attn.o_proj.weight[:, q0 : q0 + hd] = alpha * out
+    return wide.eval()
