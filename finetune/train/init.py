@@ -126,8 +126,10 @@ def add_induction_head(
     alpha: float = 5.0,
     num_pairs: int = 20,
     seed: int = 0,
+    num_groups: int = 1,
 ) -> Eagle3Drafter:
-    """A copy of ``drafter`` with one more KV head (and its query heads) built as an induction head.
+    """A copy of ``drafter`` with ``num_groups`` more KV heads (and their query heads) built as
+    induction heads.
 
     EAGLE-3's first layer reads ``[input_layernorm(e(x_{t+1})); hidden_norm(g_t)]`` at position t
     and predicts ``x_{t+2}``. When ``x_{t+1}`` occurred before, at position j, the token after it,
@@ -144,11 +146,11 @@ def add_induction_head(
 
     ``e^`` is the unit-rms embedding, ``P`` [2 * num_pairs, d] random orthonormal rows placed in the
     ``num_pairs`` lowest-frequency RoPE pairs (their rotation over a few hundred tokens is small, so
-    the match does not depend on distance), ``Pv`` [hd, d] the top principal directions of the
-    embeddings. The other query heads of the new group start at zero (uniform attention, zero
-    output columns); fine-tuning trains all of it. The layout stays a plain EAGLE-3 Llama layer
-    (``num_attention_heads`` and ``num_key_value_heads`` grow by one group), so any EAGLE-3 runtime
-    loads it.
+    the match does not depend on distance; each group draws its own), ``Pv`` [hd, d] the top
+    principal directions of the embeddings. The other query heads of each new group start at zero
+    (uniform attention, zero output columns); fine-tuning trains all of it. The layout stays a plain
+    EAGLE-3 Llama layer (``num_attention_heads`` and ``num_key_value_heads`` grow by whole groups),
+    so any EAGLE-3 runtime loads it.
 
     Args:
         drafter: the source drafter (not modified).
@@ -157,13 +159,16 @@ def add_induction_head(
         alpha: output scale; 0 leaves the drafter's function unchanged.
         num_pairs: RoPE pairs used for matching (at most head_dim / 2).
         seed: seed of ``P``.
+        num_groups: KV groups added, each an induction head (their outputs add up).
 
     Returns:
         A new float32 drafter in eval mode.
 
     Raises:
-        ValueError: ``num_pairs`` out of range, a drafter whose query heads do not divide into its
-            KV heads, or a low-rank head (grow the dense drafter, then convert).
+        ValueError: ``num_pairs`` or ``num_groups`` out of range, a drafter whose query heads do not
+            divide into its KV heads, a grown head count that does not divide ``hidden_size``
+            (transformers' ``LlamaConfig`` requires it; SmolLM2's 576 takes 1 or 3 groups of 3), or
+            a low-rank head (grow the dense drafter, then convert).
     """
     cfg = drafter.config
     d, hd = cfg.hidden_size, cfg.resolved_head_dim
@@ -173,12 +178,17 @@ def add_induction_head(
         raise ValueError("add_induction_head: query heads must divide into KV heads")
     if cfg.head_rank is not None:
         raise ValueError("add_induction_head: needs the dense head; grow the drafter before converting it")
+    if num_groups < 1:
+        raise ValueError(f"add_induction_head: num_groups {num_groups} < 1")
     group = cfg.num_attention_heads // cfg.num_key_value_heads
-    wide = Eagle3Drafter(
-        cfg.replace(
-            num_attention_heads=cfg.num_attention_heads + group,
-            num_key_value_heads=cfg.num_key_value_heads + 1,
+    heads = cfg.num_attention_heads + group * num_groups
+    if d % heads:
+        raise ValueError(
+            f"add_induction_head: hidden size {d} is not a multiple of {heads} attention heads "
+            f"({cfg.num_attention_heads} + {num_groups} x {group}); transformers' LlamaConfig requires it"
         )
+    wide = Eagle3Drafter(
+        cfg.replace(num_attention_heads=heads, num_key_value_heads=cfg.num_key_value_heads + num_groups)
     ).float()
     old, new = drafter.state_dict(), wide.state_dict()
     for key, value in new.items():
@@ -198,19 +208,11 @@ def add_induction_head(
     sample = (E - E.mean(0))[torch.randperm(E.shape[0], generator=gen)[: min(E.shape[0], 16384)]]
     Vh = torch.linalg.svd(sample, full_matrices=False)[2]  # principal directions of the embeddings
     Pv = Vh[:hd]  # [hd, d]
-    P = torch.linalg.qr(torch.randn(d, 2 * num_pairs, generator=gen))[0].T  # [2 * num_pairs, d]
     low = list(range(hd // 2 - num_pairs, hd // 2))
     slots = torch.tensor(low + [i + hd // 2 for i in low])  # rotate_half pairs i with i + hd/2
     attn = wide.midlayer.self_attn
     w_in = wide.midlayer.input_layernorm.weight.float()
     w_out = getattr(wide.norm, "weight", None)  # None when the drafter has no final norm
-    q0, k0 = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    attn.q_proj.weight[q0 : q0 + hd].zero_()
-    attn.q_proj.weight[q0 + slots, :d] = scale * hd**0.5 * P / w_in
-    attn.k_proj.weight[k0 : k0 + hd].zero_()
-    attn.k_proj.weight[k0 + slots, d:] = P @ probe.float()
-    attn.v_proj.weight[k0 : k0 + hd].zero_()
-    attn.v_proj.weight[k0 : k0 + hd, :d] = Pv / w_in
     # embedding direction -> head direction: least squares over the head's rows (identity for a
     # head tied to the embedding, as SmolLM2's and the demo drafter's)
     head = _unit_rms(wide.lm_head.weight.float())  # [V_d, d]
@@ -219,5 +221,12 @@ def add_induction_head(
     out = to_head @ Pv.T  # [d, hd]
     if w_out is not None:
         out = out / w_out.float()[:, None]
-    attn.o_proj.weight[:, q0 : q0 + hd] = alpha * out
+    for g in range(num_groups):
+        P = torch.linalg.qr(torch.randn(d, 2 * num_pairs, generator=gen))[0].T  # [2 * num_pairs, d]
+        q0 = (cfg.num_attention_heads + g * group) * hd
+        k0 = (cfg.num_key_value_heads + g) * hd
+        attn.q_proj.weight[q0 + slots, :d] = scale * hd**0.5 * P / w_in
+        attn.k_proj.weight[k0 + slots, d:] = P @ probe.float()
+        attn.v_proj.weight[k0 : k0 + hd, :d] = Pv / w_in
+        attn.o_proj.weight[:, q0 : q0 + hd] = alpha * out
     return wide.eval()

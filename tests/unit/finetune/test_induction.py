@@ -85,3 +85,15 @@ def test_low_rank_head_is_refused():
     drafter = tiny_drafter(head_rank=4, **GEOMETRY)
     with pytest.raises(ValueError, match="needs the dense head"):
         add_induction_head(drafter, torch.eye(32), num_pairs=8)
+
+
+def test_several_groups_and_a_head_count_that_does_not_divide_the_width():
+    drafter = tied_drafter()
+    M, _ = _probe(drafter)
+    grown = add_induction_head(drafter, M, alpha=50.0, num_pairs=8, num_groups=3)
+    assert (grown.config.num_attention_heads, grown.config.num_key_value_heads) == (8, 4)
+    x = _repeat_sequence()
+    ts = torch.arange(19, 28)
+    assert (_draft_logits(grown, x).argmax(-1)[ts] == x[ts + 2]).float().mean() >= 0.9
+    with pytest.raises(ValueError, match="hidden size 32 is not a multiple of 6 attention heads"):
+        add_induction_head(drafter, M, num_pairs=8, num_groups=2)
