@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +47,16 @@ class FinetuneConfig:
     optimizer sees ``batch_size * G`` sequences. In multi-process runs each rank takes an equal
     slice of the global batch. ``device`` places the target and the drafter; ``dtype`` is the
     target's (the teacher); the drafter's trained parameters stay float32, under bf16 autocast on
-    CUDA (``bf16_autocast``).
+    CUDA (``bf16_autocast``). ``teacher_temperature`` T divides the reference logits in the training
+    loss only (``KL(softmax(z_ref / T) || draft)``; T < 1 puts the target's top-1 token nearer one
+    hot, the token greedy verification accepts); held-out metrics always use the target at T = 1.
     """
 
     steps: int = RECOVERY_STEPS
     lr: float = RECOVERY_LR  # the paper's AdamW 4e-4 was the weakest of the sweep here
     train: str = "head"
     teacher: str = "target"
+    teacher_temperature: float = 1.0  # the reference is softmax(logits / T); T < 1 sharpens it
     ttt_steps: int = RECOVERY_TTT_STEPS
     ttt_decay: float = DEFAULT_TTT_DECAY
     batch_size: int = 4
@@ -114,6 +118,10 @@ class FinetuneConfig:
             raise ValueError(f"FinetuneConfig.lr={self.lr}: expected > 0")
         if not 0 < self.ttt_decay <= 1:
             raise ValueError(f"FinetuneConfig.ttt_decay={self.ttt_decay}: expected 0 < decay <= 1")
+        if not (math.isfinite(self.teacher_temperature) and self.teacher_temperature > 0):
+            raise ValueError(
+                f"FinetuneConfig.teacher_temperature={self.teacher_temperature}: expected a finite T > 0"
+            )
         if self.warmup_steps < 0:
             raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
         if self.data_source not in DATA_SOURCES:

@@ -34,6 +34,14 @@ Steps = Annotated[int, typer.Option(help="optimizer steps")]
 Lr = Annotated[float, typer.Option(help="peak AdamW learning rate")]
 TTT = Annotated[int, typer.Option("--ttt-steps", help="training-time-test unroll length K")]
 Decay = Annotated[float, typer.Option("--ttt-decay", help="step-loss weight decay (0.8^s upstream)")]
+TeacherT = Annotated[
+    float,
+    typer.Option(
+        "--teacher-temperature",
+        help="T of the training reference softmax(logits / T); T < 1 sharpens it toward the target's "
+        "top-1 token (held-out metrics stay at T = 1)",
+    ),
+]
 Batch = Annotated[int, typer.Option("--batch-size", help="global sequences per micro-step")]
 Accum = Annotated[int, typer.Option("--grad-accum", help="micro-steps per optimizer step")]
 MaxLen = Annotated[int, typer.Option("--max-length", help="tokens per sequence (longer are truncated)")]
@@ -90,6 +98,7 @@ def finetune(
     ] = None,
     ttt_steps: TTT = _F.ttt_steps,
     ttt_decay: Decay = _F.ttt_decay,
+    teacher_temperature: TeacherT = _F.teacher_temperature,
     batch_size: Batch = _F.batch_size,
     grad_accum: Accum = _F.grad_accum,
     max_length: MaxLen = _F.max_length,
@@ -144,6 +153,7 @@ def train_drafter(
     train: Annotated[str, typer.Option(help="all | body (head frozen at the target's)")] = _T.train,
     ttt_steps: TTT = _T.ttt_steps,
     ttt_decay: Decay = _T.ttt_decay,
+    teacher_temperature: TeacherT = _T.teacher_temperature,
     batch_size: Batch = _T.batch_size,
     grad_accum: Accum = _T.grad_accum,
     max_length: MaxLen = _T.max_length,

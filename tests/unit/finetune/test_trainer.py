@@ -114,15 +114,16 @@ def test_training_lowers_kl_and_raises_heldout_acceptance(tmp_path):
     assert saved["slimspec"]["training"]["heldout"]["step"] == result.best["step"]
 
 
-def _loss_per_step_reference(tr, batch):
-    """The loss as written before the reference rows were shared: target head and KL per TTT step."""
+def _loss_per_step_reference(tr, batch, temperature=1.0):
+    """The loss as written before the reference rows were shared: target head and KL per TTT step
+    (reference ``softmax(target logits / temperature)``)."""
     out = tr._target(batch)
     counts = tr._valid_counts(batch)
     total = torch.zeros(())
     for st in ttt_unroll(tr.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], 2):
         b, t = st.valid.nonzero(as_tuple=True)
         draft = tr.drafter.lm_head(tr.drafter.norm(st.hidden[b, t]))
-        ref = target_logits_at(tr.target, out.final_hidden[b, t + st.ref_positions_shift])
+        ref = target_logits_at(tr.target, out.final_hidden[b, t + st.ref_positions_shift]) / temperature
         total = total + tr.weights[st.step] * kl_terms(ref, draft).sum() / counts[st.step]
     return total
 
@@ -139,6 +140,29 @@ def test_shared_reference_rows_give_the_per_step_loss_and_bf16_heads_stay_close(
     assert float(shared) == pytest.approx(float(per_step), rel=1e-5)
     assert float(bf16) == pytest.approx(float(per_step), rel=2e-2)
     assert float(bf16) != float(per_step)  # guard: the bf16 products really ran
+
+
+@pytest.mark.parametrize("train", ["all", "body"])
+def test_teacher_temperature_sharpens_the_training_reference_only(tmp_path, train):
+    """--teacher-temperature T: the loss is KL(softmax(z / T) || draft) (dense and fused-head paths);
+    the held-out metrics still compare with the target itself."""
+    plain = _trainer(tmp_path / "t1", steps=1, train=train, bf16_autocast=False)
+    sharp = _trainer(tmp_path / "t05", steps=1, train=train, bf16_autocast=False, teacher_temperature=0.5)
+    batch = sharp._local_batch(0, 0)
+    counts = sharp._valid_counts(batch)
+    with torch.no_grad():
+        loss, _ = sharp._loss(batch, counts)
+        unsharpened, _ = plain._loss(batch, counts)
+        expected = _loss_per_step_reference(sharp, batch, temperature=0.5)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(loss) != pytest.approx(float(unsharpened), rel=1e-2)
+    assert sharp.evaluate()["acceptance"] == plain.evaluate()["acceptance"]  # same weights, T = 1 metric
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_teacher_temperature_must_be_finite_and_positive(bad):
+    with pytest.raises(ValueError, match="teacher_temperature"):
+        FinetuneConfig(teacher_temperature=bad)
 
 
 @pytest.mark.parametrize("bf16", [False, True])
