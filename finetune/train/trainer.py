@@ -233,10 +233,15 @@ class Trainer:
         """
         need = shift_left(loss_mask.bool(), 1, False)  # q: token q + 1 supervised
         b, t = need.nonzero(as_tuple=True)
-        logits = self._target_logits(out.final_hidden[b, t])
-        if self.cfg.teacher_temperature != 1.0:
-            logits = logits / self.cfg.teacher_temperature
-        return reference_rows(logits, need, self.draft_ids)
+        return reference_rows(
+            self._sharpen(self._target_logits(out.final_hidden[b, t])), need, self.draft_ids
+        )
+
+    def _sharpen(self, ref_logits: Tensor) -> Tensor:
+        """``--teacher-temperature`` T: the training reference's logits [..., V] divided by T (no copy at
+        T = 1); the held-out metrics never pass through here."""
+        t = self.cfg.teacher_temperature
+        return ref_logits if t == 1.0 else ref_logits / t
 
     def _loss(
         self, batch: dict[str, Tensor], global_counts: Tensor, examples: list[Example] | None = None
@@ -265,9 +270,7 @@ class Trainer:
             else:
                 draft_logits = self._head(self.drafter.lm_head, normed)  # [N, V_d]
                 with torch.no_grad():
-                    ref = self._head(self.teacher_head, normed)  # original head on the same features
-                    if self.cfg.teacher_temperature != 1.0:
-                        ref = ref / self.cfg.teacher_temperature
+                    ref = self._sharpen(self._head(self.teacher_head, normed))  # original head, same features
                 kl = kl_terms(ref, draft_logits)  # [N]
             total = total + self.weights[st.step] * kl.sum() / global_counts[st.step].clamp_min(1)
             kl_sums[st.step] = kl.detach().sum()
