@@ -1,5 +1,6 @@
 """Initialising a new EAGLE-3 drafter for a target (embeddings and head from the target, aux layers),
-and growing an existing one by a hand-built induction head (:func:`add_induction_head`)."""
+and growing an existing one by a hand-built induction head (:func:`add_induction_head`) or by a
+decoder layer that starts as the identity (:func:`add_decoder_layer`)."""
 
 from __future__ import annotations
 
@@ -230,3 +231,41 @@ def add_induction_head(
         attn.v_proj.weight[k0 : k0 + hd, :d] = Pv / w_in
         attn.o_proj.weight[:, q0 : q0 + hd] = alpha * out
     return wide.eval()
+
+
+@torch.no_grad()
+def add_decoder_layer(drafter: Eagle3Drafter, *, std: float = 0.02, seed: int = 0) -> Eagle3Drafter:
+    """A copy of ``drafter`` with one more decoder layer on top, which starts as the identity.
+
+    The new layer is a plain pre-norm Llama block (``extra_layers.{i-1}.*``, the layout vLLM's and
+    speculators' multi-layer EAGLE-3 drafters use) of the drafter's own geometry: ``q/k/v_proj``,
+    ``gate_proj`` and ``up_proj`` drawn from N(0, std^2), norms at 1, ``o_proj`` and ``down_proj``
+    zero, so both residual branches add nothing and the grown drafter computes exactly what the
+    source did (function-preserving growth; LLaMA Pro's block expansion, Wu et al. 2024, zeroes the
+    same two projections). Fine-tuning then trains the new layer from there; the first step's
+    gradient reaches ``o_proj`` and ``down_proj``, the rest follows.
+
+    Args:
+        drafter: the source drafter (not modified), dense or low-rank head, any number of layers.
+        std: standard deviation of the new input projections.
+        seed: seed of the new weights.
+
+    Returns:
+        A new float32 drafter in eval mode with ``num_hidden_layers`` one higher.
+    """
+    cfg = drafter.config
+    grown = Eagle3Drafter(cfg.replace(num_hidden_layers=cfg.num_hidden_layers + 1)).float()
+    new = grown.state_dict()
+    for key, value in drafter.state_dict().items():
+        new[key] = value.float().clone() if value.is_floating_point() else value.clone()
+    gen = torch.Generator().manual_seed(seed)
+    prefix = f"extra_layers.{cfg.num_hidden_layers - 1}."
+    for key in [k for k in new if k.startswith(prefix)]:
+        if key.endswith(("o_proj.weight", "down_proj.weight")) or key.endswith(".bias"):
+            new[key] = torch.zeros_like(new[key])
+        elif key.endswith("layernorm.weight"):
+            new[key] = torch.ones_like(new[key])
+        else:
+            new[key] = torch.randn(new[key].shape, generator=gen) * std
+    grown.load_state_dict(new)
+    return grown.eval()
