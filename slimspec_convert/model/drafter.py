@@ -92,7 +92,7 @@ class Eagle3Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         past = 0
         if cache is not None:
-            past = cache.length() if layer_idx < len(cache.keys) and cache.keys[layer_idx] is not None else 0
+            past = cache.length(layer_idx)
             k, v = cache.update(layer_idx, k, v)
         if attn_mask is None and past > 0:
             attn_mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)[None, None]

@@ -19,9 +19,15 @@ class DraftKVCache:
     keys: list[Tensor | None] = field(default_factory=list)
     values: list[Tensor | None] = field(default_factory=list)
 
-    def length(self) -> int:
-        """S, the number of cached positions (0 when empty)."""
-        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[2])
+    def length(self, layer: int = 0) -> int:
+        """S, the number of positions cached for ``layer`` (0 when it has none yet).
+
+        Within one forward of a multi-layer drafter, layer 0 is updated before layer 1 reads its
+        own past, so a layer must ask for its own length.
+        """
+        if layer >= len(self.keys) or self.keys[layer] is None:
+            return 0
+        return int(self.keys[layer].shape[2])
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append [B, H_kv, T, hd] keys/values for ``layer``; return the full cached tensors."""

@@ -16,6 +16,7 @@ HEADS = {
     "dense": dict(vocab_size=V, draft_vocab_size=V),
     "trimmed": dict(vocab_size=V, draft_vocab_size=8),  # d2t keeps the even target ids
     "lowrank": dict(vocab_size=V, draft_vocab_size=V, head_rank=4),
+    "two-layers": dict(vocab_size=V, draft_vocab_size=V, num_hidden_layers=2),  # extra_layers.0
 }
 CHAIN = DraftConfig(method="chain", depth=4)
 TREE = DraftConfig(method="tree", depth=4, top_k=3, total_tokens=10)

@@ -232,9 +232,10 @@ def _fresh_caches(model, drafter, tokens: list[int], aux_layers):
     return cache, dcache
 
 
+@pytest.mark.parametrize("head", ["dense", "two-layers"])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_caches_equal_fresh_prefill_after_younger_sibling_accepted(target16, prompts16, batch_size):
-    drafter = tiny_drafter(seed=0, **HEADS["dense"])
+def test_caches_equal_fresh_prefill_after_younger_sibling_accepted(target16, prompts16, batch_size, head):
+    drafter = tiny_drafter(seed=0, **HEADS[head])
     gen = SpeculativeGenerator(
         target16, None, drafter, TREE, SamplingConfig(max_new_tokens=40), batch_size=batch_size
     )
