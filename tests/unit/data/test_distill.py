@@ -164,6 +164,7 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
     [
         ("smollm2-135m-instruct-onpolicy.jsonl.gz", 8036),
         ("smollm2-135m-instruct-selfprompts.jsonl.gz", 1024),
+        ("smollm2-135m-instruct-selfprompts-rest.jsonl.gz", 776),
         ("smollm2-135m-instruct-copy.jsonl.gz", 1200),
     ],
 )

@@ -150,3 +150,5 @@ def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them()
     distilled = DATA / "train" / "distilled" / "smollm2-135m-instruct-selfprompts.jsonl.gz"
     answers = read_conversations([distilled])
     assert [c[0]["content"] for c in answers] == texts[:1024]
+    rest = read_conversations([distilled.with_name("smollm2-135m-instruct-selfprompts-rest.jsonl.gz")])
+    assert [c[0]["content"] for c in rest] == texts[1024:]
