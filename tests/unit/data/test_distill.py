@@ -166,6 +166,7 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
         ("smollm2-135m-instruct-selfprompts.jsonl.gz", 1024),
         ("smollm2-135m-instruct-selfprompts-rest.jsonl.gz", 776),
         ("smollm2-135m-instruct-copy.jsonl.gz", 1200),
+        ("smollm2-135m-instruct-writing.jsonl.gz", 600),
     ],
 )
 def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, count):
@@ -176,10 +177,10 @@ def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, co
     assert is_distilled([path])
     firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
     assert len(firsts) == count
-    heldout = [DATA / "heldout" / "general24.jsonl", DATA / "heldout" / "copy12.jsonl"]
+    heldout = [DATA / "heldout" / n for n in ("general24.jsonl", "copy12.jsonl", "writing24.jsonl")]
     held = {_normalise(r.messages[-1][1]) for r in read_prompts(heldout)}
     bench = _eval_prompt_index()
-    assert len(bench) > 1000 and len(held) == 36
+    assert len(bench) > 1000 and len(held) == 60
     assert not [t for t in firsts if t in bench or t in held]
 
 
