@@ -19,11 +19,11 @@ def test_every_shipped_training_file_parses():
     stats = DataStats()
     files = sorted(p for p in (DATA / "train").rglob("*.json*") if "distilled" not in p.parts)
     convs = read_conversations(files, stats)
-    assert len(files) == 9
+    assert len(files) == 10
     # 7473 GSM8K + 4535 + 1923 GPTeacher + 626 OASST paths + 250 prompts + 252 + instances of 175 seed tasks
-    # + 1800 user turns the target wrote (self_prompts/, prompts only)
+    # + 1800 + 624 writing-steered user turns the target wrote (self_prompts/, prompts only)
     # + 1200 copy-heavy prompts (copy_prompts/)
-    assert stats.records == 7473 + 4535 + 1923 + 100 + 250 + 252 + 175 + 1800 + 1200
+    assert stats.records == 7473 + 4535 + 1923 + 100 + 250 + 252 + 175 + 1800 + 624 + 1200
     assert sum(1 for c in convs if c[-1]["role"] == "assistant") > 14000
 
 
