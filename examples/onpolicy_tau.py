@@ -5,9 +5,13 @@ instructions, the last 10 OASST prompt-lottery prompts and the last 4 GSM8K trai
 distilled training file holds them (``slimspec distill --exclude data/heldout/general24.jsonl``) and
 none is an evaluation prompt.
 Usage: python examples/onpolicy_tau.py DEPTH OUT.json NAME=PATH[:RERANK_K] ...
+The environment variable ``PROMPTS`` names another prompt file (e.g. ``data/heldout/writing24.jsonl``,
+or prompts the drafter was trained on, to tell under-fitting from over-fitting); ``MEASURE=0`` skips
+the measured (decoded) tau and reports the prediction alone.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -27,7 +31,9 @@ from slimspec_convert.target.load import load_target
 torch.set_num_threads(2)
 depth, out = int(sys.argv[1]), sys.argv[2]
 model, tok = load_target(get_smollm2(), "float32")
-prompts = [r.messages[-1][1] for r in read_prompts(["data/heldout/general24.jsonl"])]
+prompt_file = os.environ.get("PROMPTS", "data/heldout/general24.jsonl")
+prompts = [r.messages[-1][1] for r in read_prompts([prompt_file])]
+measure = os.environ.get("MEASURE", "1") != "0"
 ev, rows = None, []
 for spec in sys.argv[3:]:
     name, path = spec.split("=", 1)
@@ -43,17 +49,21 @@ for spec in sys.argv[3:]:
         d.enable_rerank(rerank)
     t0 = time.time()
     ca = chain_acceptance(d, ev, depth)
-    meas = measured_chain_tau(model, tok, d, prompts, depth, 64)
+    meas = measured_chain_tau(model, tok, d, prompts, depth, 64) if measure else float("nan")
     row = {
         "name": name,
         "path": path,
         "rerank": rerank,
         "predicted": round(ca.predicted_tau, 4),
-        "measured": round(meas, 4),
-        "pred/meas": round(ca.predicted_tau / meas, 4),
+        "measured": round(meas, 4) if measure else None,
+        "pred/meas": round(ca.predicted_tau / meas, 4) if measure else None,
         "a": [round(x, 3) for x in ca.step_rates],
         "seconds": round(time.time() - t0),
     }
     rows.append(row)
     print(json.dumps(row), flush=True)
-json.dump({"depth": depth, "num_prompts": len(prompts), "rows": rows}, open(out, "w"), indent=1)
+json.dump(
+    {"depth": depth, "prompts": prompt_file, "num_prompts": len(prompts), "rows": rows},
+    open(out, "w"),
+    indent=1,
+)
