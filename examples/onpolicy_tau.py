@@ -49,14 +49,14 @@ for spec in sys.argv[3:]:
         d.enable_rerank(rerank)
     t0 = time.time()
     ca = chain_acceptance(d, ev, depth)
-    meas = measured_chain_tau(model, tok, d, prompts, depth, 64) if measure else float("nan")
+    meas = measured_chain_tau(model, tok, d, prompts, depth, 64) if measure else None
     row = {
         "name": name,
         "path": path,
         "rerank": rerank,
         "predicted": round(ca.predicted_tau, 4),
-        "measured": round(meas, 4) if measure else None,
-        "pred/meas": round(ca.predicted_tau / meas, 4) if measure else None,
+        "measured": meas and round(meas, 4),
+        "pred/meas": meas and round(ca.predicted_tau / meas, 4),
         "a": [round(x, 3) for x in ca.step_rates],
         "seconds": round(time.time() - t0),
     }

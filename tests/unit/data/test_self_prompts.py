@@ -130,16 +130,11 @@ def test_cli_refuses_a_gzip_output_and_bad_settings(tmp_path):
     assert not (tmp_path / "p.jsonl").exists()
 
 
-def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them():
-    """The committed prompts were kept by the rules above: re-checking each against the ones before
-    finds nothing to drop (and none is a held-out prompt); the committed answers are to its first
-    1,024, in order."""
+def _assert_kept_by_the_filters(texts: list[str]) -> None:
+    """Re-check committed self-prompts in order against the rules above (nothing to drop) and
+    against the general held-out prompts (none is one)."""
     from slimspec_convert.data.distill import _eval_prompt_index, _normalise
-    from slimspec_convert.data.records import read_conversations
 
-    path = DATA / "train" / "self_prompts" / "smollm2-135m-instruct.jsonl"
-    texts = [r.messages[-1][1] for r in read_prompts([path])]
-    assert len(texts) == 1800
     cfg, index, seen = SelfPromptConfig(num=1), _eval_prompt_index(), set()
     runs = sp.eval_word_runs(cfg.overlap_words, index)
     for t in texts:
@@ -147,6 +142,18 @@ def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them()
         seen.add(sp._dedup_key(t))
     held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
     assert not held & {_normalise(t) for t in texts}
+
+
+def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them():
+    """The committed prompts were kept by the rules above: re-checking each against the ones before
+    finds nothing to drop (and none is a held-out prompt); the committed answers are to its first
+    1,024, in order."""
+    from slimspec_convert.data.records import read_conversations
+
+    path = DATA / "train" / "self_prompts" / "smollm2-135m-instruct.jsonl"
+    texts = [r.messages[-1][1] for r in read_prompts([path])]
+    assert len(texts) == 1800
+    _assert_kept_by_the_filters(texts)
     distilled = DATA / "train" / "distilled" / "smollm2-135m-instruct-selfprompts.jsonl.gz"
     answers = read_conversations([distilled])
     assert [c[0]["content"] for c in answers] == texts[:1024]
@@ -158,7 +165,6 @@ def test_committed_writing_prompts_pass_every_filter_and_split_into_answers_and_
     """The 624 writing-steered self-prompts (``--system-prompt`` of the data README) were kept by the
     same rules; the committed answers are to the first 600, in order, and the last 24 are
     ``data/heldout/writing24.jsonl`` (source and line given), answered nowhere."""
-    from slimspec_convert.data.distill import _eval_prompt_index, _normalise
     from slimspec_convert.data.records import read_conversations
 
     path = DATA / "train" / "self_prompts" / "smollm2-135m-instruct-writing.jsonl"
@@ -167,16 +173,10 @@ def test_committed_writing_prompts_pass_every_filter_and_split_into_answers_and_
     assert len(texts) == 624 and all(
         r["self_prompt"]["system_prompt"].startswith("You are a skilled") for r in records
     )
-    cfg, index, seen = SelfPromptConfig(num=1), _eval_prompt_index(), set()
-    runs = sp.eval_word_runs(cfg.overlap_words, index)
-    for t in texts:
-        assert sp.drop_reason(t, seen, index, runs, cfg) is None, t
-        seen.add(sp._dedup_key(t))
+    _assert_kept_by_the_filters(texts)
     held = _lines(DATA / "heldout" / "writing24.jsonl")
     assert [h["prompt"] for h in held] == texts[600:]
     assert [h["line"] for h in held] == list(range(601, 625))
     assert {h["source"] for h in held} == {"data/train/self_prompts/smollm2-135m-instruct-writing.jsonl"}
-    general = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
-    assert not general & {_normalise(t) for t in texts}
     answers = read_conversations([DATA / "train" / "distilled" / "smollm2-135m-instruct-writing.jsonl.gz"])
     assert [c[0]["content"] for c in answers] == texts[:600]
