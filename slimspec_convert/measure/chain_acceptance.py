@@ -13,8 +13,9 @@ and can rise while real tau falls (the drafter is scored on text the target does
    agree (:func:`~slimspec_convert.decoding.speculative.chain_tau_from_agreement`).
 
 Every answer position with a full chain ahead of it is a round start, so the prediction averages over
-round starts where real decoding visits only some; ``measured_chain_tau`` runs real speculative
-decoding on the same prompts for comparison.
+round starts where real decoding visits only some (a selection score, slightly optimistic as a tau);
+:func:`visited_round_starts` walks the rounds real greedy decoding runs (what ``--draft auto``
+predicts with), and ``measured_chain_tau`` runs real speculative decoding on the same prompts.
 """
 
 from __future__ import annotations
@@ -220,6 +221,44 @@ def round_starts(ev: OnPolicyEval, depth: int) -> Tensor:
     """
     ans = ev.answer_mask
     return (shift_left(ans, 1, False) & shift_left(ans, 1 + depth, False)).nonzero()
+
+
+def visited_round_starts(accepted: Tensor, starts: Tensor) -> Tensor:
+    """The round starts greedy speculative decoding visits, given what each one would accept.
+
+    The mean over *every* round start over-weights easy stretches: a run of ``m`` tokens a drafter
+    (or prompt lookup) gets right holds about ``m`` round starts, yet real decoding crosses it in
+    about ``m / (1 + a)`` rounds. Real greedy decoding of sequence ``n`` starts its first round at
+    the first answer token (``t`` = its first round start) and the next at ``t + 1 + a_t``; this walks
+    that path and stops where no full round start is left (the last few answer tokens).
+
+    Args:
+        accepted: [N] drafts (or lookup tokens) accepted at each round start (any number dtype).
+        starts: [N, 2] int64 ``(n, t)``, as :func:`round_starts` returns them.
+
+    Returns:
+        [N] bool, True at the starts the walk visits; ``1 + accepted[mask].mean()`` is the tau that
+        real decoding of those answers commits per round (exactly, round by round, for a greedy
+        chain: ``tests/unit/measure/test_chain_acceptance.py``).
+
+    Raises:
+        ValueError: mismatched shapes.
+    """
+    if accepted.dim() != 1 or starts.dim() != 2 or starts.shape != (accepted.shape[0], 2):
+        raise ValueError(
+            f"accepted {tuple(accepted.shape)} and starts {tuple(starts.shape)}: expected [N] and [N, 2]"
+        )
+    column = {(n, t): c for c, (n, t) in enumerate(starts.tolist())}
+    first: dict[int, int] = {}
+    for n, t in column:
+        first[n] = min(t, first.get(n, t))
+    steps = accepted.long().tolist()
+    visited = torch.zeros(accepted.shape[0], dtype=torch.bool)
+    for n, t in first.items():
+        while (c := column.get((n, t))) is not None:
+            visited[c] = True
+            t += 1 + steps[c]
+    return visited
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from slimspec_convert.measure.chain_acceptance import (
     chain_acceptance,
     chain_agreement,
     onpolicy_eval_from_ids,
+    visited_round_starts,
 )
 from tests.helpers.models import tiny_drafter, tiny_target
 
@@ -98,3 +99,44 @@ def test_chain_acceptance_averages_every_round_start():
     ca = chain_acceptance(drafter, ev, 2)
     assert ca.predicted_tau == pytest.approx(chain_tau_from_agreement(agree)[2])
     assert ca.num_positions == starts.shape[0]
+
+
+def test_the_walk_visits_the_first_answer_token_then_jumps_one_plus_the_accepted():
+    # sequence 0: starts t = 4..9, sequence 1: t = 2..4 (columns in round_starts' order)
+    starts = torch.tensor([[0, t] for t in range(4, 10)] + [[1, t] for t in range(2, 5)])
+    accepted = torch.tensor([2, 0, 0, 1, 3, 0, 0, 5, 1])
+    # sequence 0: t=4 (a=2) -> t=7 (a=1) -> t=9 (a=0) -> t=10, no start; sequence 1: t=2 (a=0) ->
+    # t=3 (a=5) -> t=9, no start
+    visited = visited_round_starts(accepted, starts)
+    assert visited.tolist() == [True, False, False, True, False, True, True, True, False]
+    assert 1 + float(accepted[visited].float().mean()) == pytest.approx(1 + 8 / 5)
+    with pytest.raises(ValueError, match=r"expected \[N\] and \[N, 2\]"):
+        visited_round_starts(accepted[:3], starts)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_the_walk_visits_exactly_the_rounds_of_the_generator(depth):
+    target = tiny_target(seed=3, vocab_size=V)
+    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7, 11, 6, 8, 5)]
+    rows = [r for r in _greedy_rows(target, prompts) if len(r[1]) > depth + 1]
+    ev = onpolicy_eval_from_ids(target, rows, AUX)
+    agree, starts = chain_agreement(drafter, ev, depth)
+    accepted = agree.int().cumprod(0).sum(0)
+    visited = visited_round_starts(accepted, starts)
+    walked = {tuple(x) for x in starts[visited].tolist()}
+    gen = SpeculativeGenerator(
+        target, None, drafter, DraftConfig(method="chain", depth=depth), SamplingConfig(max_new_tokens=24)
+    )
+    index = {tuple(x) for x in starts.tolist()}
+    real = set()
+    for n, ((p, _), res) in enumerate(zip(rows, gen.generate([p for p, _ in rows]), strict=True)):
+        t = len(p) - 1
+        for committed in res.stats.committed_per_cycle:
+            if (n, t) not in index:  # the walk stops where no full round start is left
+                break
+            real.add((n, t))
+            t += committed
+    assert walked == real
+    assert int(visited.sum()) < starts.shape[0] and int(accepted[visited].max()) > 0  # guard: jumps happen

@@ -41,6 +41,14 @@ def test_predicted_tau_reads_top1_for_chains_and_the_per_level_width_for_trees()
     assert predicted_tau(ranks, tree) == pytest.approx(1 + (3 + 3 + 3) / 4)
 
 
+def test_predicted_tau_with_starts_averages_the_rounds_decoding_visits():
+    ranks = torch.tensor([[0, 0, 1, 0, 5], [0, 1, 0, 0, 0]])  # [depth, starts]: accepts 2, 1, 0, 2, 0
+    starts = torch.tensor([[0, 3], [0, 4], [0, 5], [0, 6], [0, 7]])
+    chain = DraftConfig(method="chain", depth=2)
+    assert predicted_tau(ranks, chain) == pytest.approx(1 + 5 / 5)  # every start
+    assert predicted_tau(ranks, chain, starts) == pytest.approx(1 + (2 + 2) / 2)  # t = 3, then t = 6
+
+
 def _drafter_and_answers():
     """A tiny drafter and the tiny target's greedy answers to four random prompts (on-policy set)."""
     target = tiny_target(seed=3, vocab_size=V)
