@@ -60,8 +60,9 @@ def _greedy_rows(model, prompts, max_new_tokens=24):
     return rows
 
 
-@pytest.mark.parametrize("depth", [1, 3])
-def test_round_starts_predict_every_round_of_the_generator_exactly(depth):
+def _metric_and_generator(depth):
+    """Eight answers of the tiny target: (rows, agree, starts) of the chain metric and the generator's
+    results of real greedy chain decoding of the same prompts."""
     target = tiny_target(seed=3, vocab_size=V)
     drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
     g = torch.Generator().manual_seed(0)
@@ -72,7 +73,12 @@ def test_round_starts_predict_every_round_of_the_generator_exactly(depth):
     gen = SpeculativeGenerator(
         target, None, drafter, DraftConfig(method="chain", depth=depth), SamplingConfig(max_new_tokens=24)
     )
-    results = gen.generate([p for p, _ in rows])
+    return rows, agree, starts, gen.generate([p for p, _ in rows])
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_round_starts_predict_every_round_of_the_generator_exactly(depth):
+    rows, agree, starts, results = _metric_and_generator(depth)
     index = {(int(n), int(t)): c for c, (n, t) in enumerate(starts.tolist())}
     predicted, measured = [], []
     for n, ((p, a), res) in enumerate(zip(rows, results, strict=True)):
@@ -116,22 +122,13 @@ def test_the_walk_visits_the_first_answer_token_then_jumps_one_plus_the_accepted
 
 @pytest.mark.parametrize("depth", [1, 3])
 def test_the_walk_visits_exactly_the_rounds_of_the_generator(depth):
-    target = tiny_target(seed=3, vocab_size=V)
-    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7, 11, 6, 8, 5)]
-    rows = [r for r in _greedy_rows(target, prompts) if len(r[1]) > depth + 1]
-    ev = onpolicy_eval_from_ids(target, rows, AUX)
-    agree, starts = chain_agreement(drafter, ev, depth)
+    rows, agree, starts, results = _metric_and_generator(depth)
     accepted = agree.int().cumprod(0).sum(0)
     visited = visited_round_starts(accepted, starts)
     walked = {tuple(x) for x in starts[visited].tolist()}
-    gen = SpeculativeGenerator(
-        target, None, drafter, DraftConfig(method="chain", depth=depth), SamplingConfig(max_new_tokens=24)
-    )
     index = {tuple(x) for x in starts.tolist()}
     real = set()
-    for n, ((p, _), res) in enumerate(zip(rows, gen.generate([p for p, _ in rows]), strict=True)):
+    for n, ((p, _), res) in enumerate(zip(rows, results, strict=True)):
         t = len(p) - 1
         for committed in res.stats.committed_per_cycle:
             if (n, t) not in index:  # the walk stops where no full round start is left
