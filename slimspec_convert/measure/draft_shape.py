@@ -416,8 +416,9 @@ def plan_draft_shape(
         else:
             proposed, a_l = looked
             a_d = drafter_accepted(ranks, s)
-            seen = visited_round_starts(torch.maximum(a_d, a_l), starts)
-            tau = 1.0 + float(torch.maximum(a_d, a_l)[seen].mean())
+            accepted = torch.maximum(a_d, a_l)  # the round commits 1 + the longer accepted branch
+            seen = visited_round_starts(accepted, starts)
+            tau = 1.0 + float(accepted[seen].mean())
             nodes = verified_tokens(s) + proposed[seen] - torch.minimum(a_d, a_l)[seen]
             v = statistics.fmean(vc.at(int(n)) for n in nodes.tolist())
         other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens)
