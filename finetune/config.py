@@ -50,6 +50,11 @@ class FinetuneConfig:
     CUDA (``bf16_autocast``). ``teacher_temperature`` T divides the reference logits in the training
     loss only (``KL(softmax(z_ref / T) || draft)``; T < 1 puts the target's top-1 token nearer one
     hot, the token greedy verification accepts); held-out metrics always use the target at T = 1.
+    ``loss_vocab`` N restricts the *training* KL to the N target tokens most frequent among the
+    training answers (``train='body'``, a frozen full-vocabulary head): the head's products and
+    softmax run over those N rows only (SpecForge / FR-Spec trim the draft vocabulary the same way,
+    but here only the loss is trimmed: the drafter keeps every token, and the held-out metrics stay
+    over the full vocabulary).
     """
 
     steps: int = RECOVERY_STEPS
@@ -57,6 +62,7 @@ class FinetuneConfig:
     train: str = "head"
     teacher: str = "target"
     teacher_temperature: float = 1.0  # the reference is softmax(logits / T); T < 1 sharpens it
+    loss_vocab: int | None = None  # training KL over the N most frequent answer tokens (None: every token)
     ttt_steps: int = RECOVERY_TTT_STEPS
     ttt_decay: float = DEFAULT_TTT_DECAY
     batch_size: int = 4
@@ -122,6 +128,17 @@ class FinetuneConfig:
             raise ValueError(
                 f"FinetuneConfig.teacher_temperature={self.teacher_temperature}: expected a finite T > 0"
             )
+        if self.loss_vocab is not None:
+            if not isinstance(self.loss_vocab, int) or self.loss_vocab < 1:
+                raise ValueError(
+                    f"FinetuneConfig.loss_vocab={self.loss_vocab!r}: expected an integer >= 1 or None"
+                )
+            if self.train != "body" or self.teacher != "target":
+                raise ValueError(
+                    f"FinetuneConfig.loss_vocab={self.loss_vocab} trims the loss of a frozen full head: it "
+                    f"needs train='body' and teacher='target' (got train={self.train!r}, "
+                    f"teacher={self.teacher!r})"
+                )
         if self.warmup_steps < 0:
             raise ValueError(f"FinetuneConfig.warmup_steps={self.warmup_steps}: expected >= 0")
         if self.data_source not in DATA_SOURCES:

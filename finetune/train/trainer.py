@@ -1,6 +1,7 @@
 """The training loop shared by ``slimspec finetune`` and ``slimspec train-drafter``.
 
-Forward KL to the target over the full vocabulary with the training-time-test unroll
+Forward KL to the target over the full vocabulary (``--loss-vocab N``: over the N most frequent
+answer tokens, the head frozen) with the training-time-test unroll
 (finetune/ttt.py), AdamW with warmup + cosine decay, gradient clipping, held-out evaluation that
 keeps the checkpoint with the best expected acceptance, periodic resumable checkpoints and
 multi-process data parallelism through torch.distributed (torchrun / accelerate launch).
@@ -38,11 +39,11 @@ from finetune.train.params import export_drafter, set_trainable
 from finetune.train.report import TrainResult
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.data.examples import Example, batch_indices, collate
+from slimspec_convert.data.examples import Example, batch_indices, collate, token_counts
 from slimspec_convert.devices import cpu_has_native_bf16
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
-from slimspec_convert.model.vocab import draft_to_target_ids
+from slimspec_convert.model.vocab import draft_to_target_ids, trimmed_vocab_from_counts
 from slimspec_convert.target.forward import target_forward, target_logits_at
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ class Trainer:
         # run in bf16 with float32 softmax/KL; frozen dense heads keep one bf16 copy of their weight.
         self.bf16_heads = cfg.bf16_autocast and self.device.type == "cpu" and cpu_has_native_bf16()
         self._frozen_bf16: dict[int, Tensor] = {}
+        self.loss_ids = self._loss_vocabulary()
+        self._loss_rows: Tensor | None = None
 
     # ---- head products -----------------------------------------------------------------------
     def _head(self, head: nn.Module, x: Tensor) -> Tensor:
@@ -192,6 +195,43 @@ class Trainer:
         if wb is None:
             wb = self._frozen_bf16[id(head)] = w.detach().to(torch.bfloat16)
         return wb
+
+    def _loss_vocabulary(self) -> Tensor | None:
+        """``--loss-vocab N``: the target ids the training KL runs over, [N] int64 ascending, or None.
+
+        The N ids most frequent among the training answers' supervised tokens, ties to the lower id
+        and unseen ids in ascending order (:func:`trimmed_vocab_from_counts`, the trimming rule).
+
+        Raises:
+            ValueError: the drafter has a trimmed draft vocabulary or a head that is not a frozen
+                bias-free dense layer (the fused head + KL), or N exceeds the vocabulary.
+        """
+        n = self.cfg.loss_vocab
+        if n is None:
+            return None
+        weight = self._frozen_weight(self.drafter.lm_head)
+        if self.draft_ids is not None or weight is None:
+            raise ValueError(
+                f"loss_vocab={n}: needs a full-vocabulary drafter whose lm_head is a frozen dense layer "
+                f"(train='body'); this drafter has "
+                + ("a trimmed draft vocabulary (d2t)" if self.draft_ids is not None else "another head")
+            )
+        vocab_size = weight.shape[0]
+        if n > vocab_size:
+            raise ValueError(f"loss_vocab={n} exceeds the vocabulary ({vocab_size} tokens)")
+        d2t, _ = trimmed_vocab_from_counts(token_counts(self.train_examples, vocab_size), n)
+        return draft_to_target_ids(d2t).to(weight.device)
+
+    def _fused_head_weight(self) -> Tensor | None:
+        """The frozen head weight the fused head + KL multiplies: every row, or with ``--loss-vocab``
+        the rows of :attr:`loss_ids` ([N, d], sliced once per product dtype); None when the head
+        is not frozen and dense."""
+        weight = self._frozen_weight(self.drafter.lm_head)
+        if weight is None or self.loss_ids is None:
+            return weight
+        if self._loss_rows is None or self._loss_rows.dtype != weight.dtype:
+            self._loss_rows = weight.index_select(0, self.loss_ids)
+        return self._loss_rows
 
     def _target_logits(self, final_hidden: Tensor) -> Tensor:
         """The target's logits at gathered final hidden states [N, dt] -> [N, V_t] float32."""
@@ -234,7 +274,9 @@ class Trainer:
         need = shift_left(loss_mask.bool(), 1, False)  # q: token q + 1 supervised
         b, t = need.nonzero(as_tuple=True)
         return reference_rows(
-            self._sharpen(self._target_logits(out.final_hidden[b, t])), need, self.draft_ids
+            self._sharpen(self._target_logits(out.final_hidden[b, t])),
+            need,
+            self.loss_ids if self.loss_ids is not None else self.draft_ids,
         )
 
     def _sharpen(self, ref_logits: Tensor) -> Tensor:
@@ -257,7 +299,7 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         kl_sums = torch.zeros(self.cfg.ttt_steps, device=self.device)
         ref_rows = self._target_reference(out, batch["loss_mask"]) if self.teacher_head is None else None
-        fused = self._frozen_weight(self.drafter.lm_head) if ref_rows is not None else None
+        fused = self._fused_head_weight() if ref_rows is not None else None
         for st in ttt_unroll(
             self.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], self.cfg.ttt_steps
         ):

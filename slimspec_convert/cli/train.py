@@ -42,6 +42,14 @@ TeacherT = Annotated[
         "top-1 token (held-out metrics stay at T = 1)",
     ),
 ]
+LossVocab = Annotated[
+    int | None,
+    typer.Option(
+        "--loss-vocab",
+        help="train='body': the training KL over the N target tokens most frequent in the training answers "
+        "(fewer head products; the drafter keeps every token, held-out metrics stay full-vocabulary)",
+    ),
+]
 Batch = Annotated[int, typer.Option("--batch-size", help="global sequences per micro-step")]
 Accum = Annotated[int, typer.Option("--grad-accum", help="micro-steps per optimizer step")]
 MaxLen = Annotated[int, typer.Option("--max-length", help="tokens per sequence (longer are truncated)")]
@@ -99,6 +107,7 @@ def finetune(
     ttt_steps: TTT = _F.ttt_steps,
     ttt_decay: Decay = _F.ttt_decay,
     teacher_temperature: TeacherT = _F.teacher_temperature,
+    loss_vocab: LossVocab = _F.loss_vocab,
     batch_size: Batch = _F.batch_size,
     grad_accum: Accum = _F.grad_accum,
     max_length: MaxLen = _F.max_length,
@@ -154,6 +163,7 @@ def train_drafter(
     ttt_steps: TTT = _T.ttt_steps,
     ttt_decay: Decay = _T.ttt_decay,
     teacher_temperature: TeacherT = _T.teacher_temperature,
+    loss_vocab: LossVocab = _T.loss_vocab,
     batch_size: Batch = _T.batch_size,
     grad_accum: Accum = _T.grad_accum,
     max_length: MaxLen = _T.max_length,

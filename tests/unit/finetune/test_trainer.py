@@ -165,6 +165,71 @@ def test_teacher_temperature_must_be_finite_and_positive(bad):
         FinetuneConfig(teacher_temperature=bad)
 
 
+def _loss_on_rows_reference(tr, batch, ids, temperature):
+    """The loss written out over a token subset ``ids``: the target's full softmax restricted to
+    ``ids`` (not renormalised) against the drafter's softmax over its logits of ``ids``."""
+    out = tr._target(batch)
+    counts = tr._valid_counts(batch)
+    total = torch.zeros(())
+    for st in ttt_unroll(tr.drafter, batch["input_ids"], out.aux_hidden.float(), batch["loss_mask"], 2):
+        b, t = st.valid.nonzero(as_tuple=True)
+        draft = tr.drafter.lm_head(tr.drafter.norm(st.hidden[b, t]))[:, ids]
+        ref = target_logits_at(tr.target, out.final_hidden[b, t + st.ref_positions_shift]) / temperature
+        total = total + tr.weights[st.step] * kl_terms(ref, draft, ids).sum() / counts[st.step]
+    return total
+
+
+def test_loss_vocab_trains_on_the_most_frequent_answer_tokens_only(tmp_path):
+    """--loss-vocab N: the training KL runs over the N most frequent supervised tokens (ties to the
+    lower id); the held-out metrics still cover every token."""
+    examples, pad = _examples(40)
+    counts = {}
+    for e in examples[:32]:
+        for tok in e.input_ids[e.loss_mask].tolist():
+            counts[tok] = counts.get(tok, 0) + 1
+    ranked = sorted(range(128), key=lambda i: (-counts.get(i, 0), i))
+    kw = dict(steps=1, train="body", bf16_autocast=False, teacher_temperature=0.5)
+    plain = _trainer(tmp_path / "all", **kw)
+    trimmed = _trainer(tmp_path / "48", loss_vocab=48, **kw)
+    assert trimmed.loss_ids.tolist() == sorted(ranked[:48])
+    assert len(counts) > 48  # the cut really drops supervised tokens
+    batch = trimmed._local_batch(0, 0)
+    n = trimmed._valid_counts(batch)
+    assert trimmed._fused_head_weight().shape == (48, 32)  # the fused head + KL on 48 rows
+    loss, _ = trimmed._loss(batch, n)
+    with torch.no_grad():
+        expected = _loss_on_rows_reference(trimmed, batch, trimmed.loss_ids, 0.5)
+        full, _ = plain._loss(batch, n)
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
+    assert float(loss.detach()) != pytest.approx(float(full), rel=1e-2)
+    loss.backward()
+    assert float(trimmed.drafter.fc.weight.grad.abs().sum()) > 0
+    assert trimmed.evaluate() == plain.evaluate()  # same weights, full-vocabulary metrics
+
+
+def test_loss_vocab_of_every_token_is_the_full_loss(tmp_path):
+    kw = dict(steps=1, train="body", bf16_autocast=False)
+    plain = _trainer(tmp_path / "all", **kw)
+    every = _trainer(tmp_path / "128", loss_vocab=128, **kw)
+    batch = every._local_batch(0, 0)
+    n = every._valid_counts(batch)
+    with torch.no_grad():
+        assert float(every._loss(batch, n)[0]) == pytest.approx(float(plain._loss(batch, n)[0]), rel=1e-5)
+
+
+def test_loss_vocab_rejects_what_it_cannot_trim(tmp_path):
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="loss_vocab"):
+            FinetuneConfig(loss_vocab=bad, train="body")
+    with pytest.raises(ValueError, match="train='body'"):
+        FinetuneConfig(loss_vocab=64, train="head")
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        _trainer(tmp_path / "big", steps=1, train="body", loss_vocab=129)
+    with pytest.raises(ValueError, match="trimmed draft vocabulary"):
+        trimmed_drafter = tiny_drafter(draft_vocab_size=64)
+        _trainer(tmp_path / "d2t", steps=1, train="body", loss_vocab=32, drafter=trimmed_drafter)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_frozen_head_takes_the_fused_kl_with_the_same_loss_and_gradients(tmp_path, bf16):
     """train='body' (frozen dense head): the chunked head + KL equals the head logits' KL."""
