@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
+import torch.distributed as dist
 import typer
 
 from finetune.config import FinetuneConfig
@@ -86,6 +87,9 @@ FeatureCacheDir = Annotated[
 
 
 def _echo(result, json_out: bool) -> None:
+    """Print the report once: in a multi-process run (torchrun) every rank holds it, rank 0 prints."""
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else result.summary())
 
 

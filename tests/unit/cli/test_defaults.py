@@ -116,6 +116,17 @@ def test_finetune_and_train_drafter_pass_their_options_to_the_config(monkeypatch
         assert (cfg.device, cfg.dtype) == ("cpu", "bf16")
 
 
+def test_finetune_report_is_printed_by_rank_zero_only(monkeypatch, tmp_path):
+    """torchrun: every rank returns the report; only rank 0 prints it (one JSON document on stdout)."""
+    monkeypatch.setattr(cli_train, "run_finetune", lambda *a, **kw: _Done())
+    args = ["finetune", "--target", "t", "--drafter", "x", "--data", "d.jsonl", "--out", str(tmp_path / "o")]
+    monkeypatch.setattr(cli_train.dist, "is_initialized", lambda: True)
+    for rank, printed in ((1, ""), (0, "done\n")):
+        monkeypatch.setattr(cli_train.dist, "get_rank", lambda rank=rank: rank)
+        result = CliRunner().invoke(app, args)
+        assert (result.exit_code, result.stdout) == (0, printed)
+
+
 def test_train_drafter_defaults_train_every_parameter():
     cfg = FinetuneConfig.for_new_drafter()
     assert (cfg.train, cfg.lr, cfg.steps, cfg.ttt_steps, cfg.max_length) == ("all", 1e-3, 200, 7, 512)
