@@ -11,6 +11,7 @@ reference restricted to the subset and whose value differs from the subset KL by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from slimspec_convert.decoding.speculative import expected_acceptance_terms, top1_agreement  # noqa: F401  (the one home)
+from slimspec_convert.model.vocab import draft_to_target_ids, trimmed_vocab_from_counts
 
 
 def kl_terms(ref_logits: Tensor, draft_logits: Tensor, draft_target_ids: Tensor | None = None) -> Tensor:
@@ -198,3 +200,33 @@ def masked_mean(values: Tensor, mask: Tensor, denom: Tensor | float | None = Non
 def ttt_weights(num_steps: int, decay: float) -> list[float]:
     """Per-step loss weights ``decay**s`` (EAGLE/SpecForge ``ploss_decay`` 0.8, speculators 1.0)."""
     return [decay**s for s in range(num_steps)]
+
+
+def loss_vocabulary(
+    counts_of: Callable[[int], Tensor], n: int, head_weight: Tensor | None, draft_ids: Tensor | None
+) -> Tensor:
+    """``--loss-vocab N``: the target ids the training KL runs over, [N] int64 ascending.
+
+    The N ids most frequent among the training answers' supervised tokens, ties to the lower id and
+    unseen ids in ascending order (:func:`trimmed_vocab_from_counts`, the trimming rule).
+
+    Args:
+        counts_of: vocabulary size V -> [V] supervised-token counts of the training data.
+        n: N.
+        head_weight: the frozen dense head's weight [V, d] (the fused head + KL), None for any other head.
+        draft_ids: the drafter's draft-row target ids, None for a full-vocabulary drafter.
+
+    Raises:
+        ValueError: a trimmed draft vocabulary, a head that is not frozen and dense, or N > V.
+    """
+    if draft_ids is not None or head_weight is None:
+        raise ValueError(
+            f"loss_vocab={n}: needs a full-vocabulary drafter whose lm_head is a frozen dense layer "
+            f"(train='body'); this drafter has "
+            + ("a trimmed draft vocabulary (d2t)" if draft_ids is not None else "another head")
+        )
+    vocab_size = head_weight.shape[0]
+    if n > vocab_size:
+        raise ValueError(f"loss_vocab={n} exceeds the vocabulary ({vocab_size} tokens)")
+    d2t, _ = trimmed_vocab_from_counts(counts_of(vocab_size), n)
+    return draft_to_target_ids(d2t).to(head_weight.device)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -26,11 +25,13 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from finetune.config import FinetuneConfig
+from finetune.train.distributed import all_reduce_sum, maybe_init_distributed, world  # noqa: F401 (re-exported)
 from finetune.train.features import FeatureCache
 from finetune.train.loss import (
     ReferenceRows,
     expected_acceptance_terms,
     kl_terms,
+    loss_vocabulary,
     reference_rows,
     top1_agreement,
     ttt_weights,
@@ -43,7 +44,7 @@ from slimspec_convert.data.examples import Example, batch_indices, collate, toke
 from slimspec_convert.devices import cpu_has_native_bf16
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
-from slimspec_convert.model.vocab import draft_to_target_ids, trimmed_vocab_from_counts
+from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.target.forward import target_forward, target_logits_at
 
 logger = logging.getLogger(__name__)
@@ -56,25 +57,6 @@ LOG_NAME = "train_log.jsonl"
 
 
 REPORT_NAME = "finetune_report.json"
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def maybe_init_distributed() -> tuple[int, int]:
-    """Initialise torch.distributed from torchrun's environment (gloo on CPU, nccl on CUDA)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return _world()
-
-
-def _all_reduce(t: Tensor) -> Tensor:
-    if _world()[1] > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
 def _lr_lambda(cfg: FinetuneConfig):
@@ -128,7 +110,7 @@ class Trainer:
         self.out = Path(out_dir)
         self.pad_id = pad_id
         self.meta = meta or {}
-        self.rank, self.world = _world()
+        self.rank, self.world = world()
         if cfg.batch_size % self.world:
             raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the world size {self.world}")
         if cfg.teacher == "drafter" and teacher_head is None:
@@ -166,7 +148,16 @@ class Trainer:
         # run in bf16 with float32 softmax/KL; frozen dense heads keep one bf16 copy of their weight.
         self.bf16_heads = cfg.bf16_autocast and self.device.type == "cpu" and cpu_has_native_bf16()
         self._frozen_bf16: dict[int, Tensor] = {}
-        self.loss_ids = self._loss_vocabulary()
+        self.loss_ids = (  # --loss-vocab N: the training KL's target ids (loss.loss_vocabulary)
+            None
+            if cfg.loss_vocab is None
+            else loss_vocabulary(
+                lambda v: token_counts(train_examples, v),
+                cfg.loss_vocab,
+                self._frozen_weight(self.drafter.lm_head),
+                self.draft_ids,
+            )
+        )
         self._loss_rows: Tensor | None = None
 
     # ---- head products -----------------------------------------------------------------------
@@ -195,32 +186,6 @@ class Trainer:
         if wb is None:
             wb = self._frozen_bf16[id(head)] = w.detach().to(torch.bfloat16)
         return wb
-
-    def _loss_vocabulary(self) -> Tensor | None:
-        """``--loss-vocab N``: the target ids the training KL runs over, [N] int64 ascending, or None.
-
-        The N ids most frequent among the training answers' supervised tokens, ties to the lower id
-        and unseen ids in ascending order (:func:`trimmed_vocab_from_counts`, the trimming rule).
-
-        Raises:
-            ValueError: the drafter has a trimmed draft vocabulary or a head that is not a frozen
-                bias-free dense layer (the fused head + KL), or N exceeds the vocabulary.
-        """
-        n = self.cfg.loss_vocab
-        if n is None:
-            return None
-        weight = self._frozen_weight(self.drafter.lm_head)
-        if self.draft_ids is not None or weight is None:
-            raise ValueError(
-                f"loss_vocab={n}: needs a full-vocabulary drafter whose lm_head is a frozen dense layer "
-                f"(train='body'); this drafter has "
-                + ("a trimmed draft vocabulary (d2t)" if self.draft_ids is not None else "another head")
-            )
-        vocab_size = weight.shape[0]
-        if n > vocab_size:
-            raise ValueError(f"loss_vocab={n} exceeds the vocabulary ({vocab_size} tokens)")
-        d2t, _ = trimmed_vocab_from_counts(token_counts(self.train_examples, vocab_size), n)
-        return draft_to_target_ids(d2t).to(weight.device)
 
     def _fused_head_weight(self) -> Tensor | None:
         """The frozen head weight the fused head + KL multiplies: every row, or with ``--loss-vocab``
@@ -348,7 +313,7 @@ class Trainer:
         for micro in range(self.cfg.grad_accum):
             examples = self._local_examples(self.step, micro)
             batch = self._to_device(collate(examples, self.pad_id))
-            counts = _all_reduce(self._valid_counts(batch))
+            counts = all_reduce_sum(self._valid_counts(batch))
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
                 loss, kl_sums = self._loss(batch, counts, examples)
             (loss / self.cfg.grad_accum).backward()
@@ -359,8 +324,8 @@ class Trainer:
             for p in self.params:  # sum: each rank's loss was normalised by the global count
                 if p.grad is not None:
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-            kl_sum = _all_reduce(kl_sum)
-            tokens = _all_reduce(tokens)
+            kl_sum = all_reduce_sum(kl_sum)
+            tokens = all_reduce_sum(tokens)
         if not bool(torch.isfinite(kl_sum).all()):  # before the update: the weights stay as they were
             raise ValueError(
                 f"finetune step {self.step + 1}: the KL per TTT step is {kl_sum.tolist()} (NaN/inf); the "
@@ -409,7 +374,7 @@ class Trainer:
                 kl_sum[st.step] += kl_terms(ref, draft_logits, self.draft_ids).sum()
                 n_sum[st.step] += b.numel()
         for t in (acc_sum, top_sum, kl_sum, n_sum):
-            _all_reduce(t)
+            all_reduce_sum(t)
         n = n_sum.clamp_min(1)
         acc = (acc_sum / n).tolist()
         score = sum(math.prod(acc[: s + 1]) for s in range(len(acc)))
