@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from finetune.config import FinetuneConfig
-from finetune.train.distributed import all_reduce_sum, maybe_init_distributed, world  # noqa: F401 (re-exported)
+from finetune.train.distributed import all_reduce_sum, world
 from finetune.train.features import FeatureCache
 from finetune.train.loss import (
     ReferenceRows,
