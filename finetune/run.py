@@ -11,9 +11,9 @@ from typing import Any
 
 from finetune.config import FinetuneConfig
 from finetune.onpolicy import chain_scorer, measure_kept, prepare_onpolicy
+from finetune.train.distributed import maybe_init_distributed
 from finetune.train.init import new_drafter_for_target
 from finetune.train.params import copy_head
-from finetune.train.distributed import maybe_init_distributed
 from finetune.train.trainer import (
     REPORT_NAME,
     STATE_NAME,
