@@ -109,11 +109,12 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.706 of the
-# stage-20 demo drafter (stage 18 trained on every committed on-policy answer at T = 0.5 with
-# --loss-vocab 16384, 2026-12-04) after this test's calibrated convert and 20-step head fine-tune
-# (measured on the stage-20 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto
-# picking the transposed product: tau full 2.396, slimspec 1.691, and with the rerank 2.300);
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.721 of the
+# stage-21 demo drafter (stage 20 trained again on every committed on-policy answer, a new batch
+# order, 2026-12-05) after this test's calibrated convert and 20-step head fine-tune (measured on the
+# stage-21 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed
+# product: tau full 2.347, slimspec 1.691, and with the rerank 2.170);
+# stage 20 gave 0.706 = 1.691 / 2.396 (rerank 2.300),
 # stage 18 gave 0.710 = 1.667 / 2.347 (rerank 2.212),
 # stage 16 gave 0.773 = 1.742 / 2.255 (rerank 2.130),
 # stage 14 0.754 = 1.667 / 2.212 (rerank 2.130), stage 13 0.746 = 1.716 / 2.300 (rerank 2.170),
@@ -124,7 +125,7 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
 # Greedy decoding is deterministic; the tolerance covers float differences across machines. A
 # regression of the convert or the fine-tune moves it out of the band, an improvement too: then
 # re-pin it, and so does a new demo drafter.
-PINNED_SLIMSPEC_RHO_TAU = 0.706
+PINNED_SLIMSPEC_RHO_TAU = 0.721
 
 
 @pytest.mark.integration
