@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-import torch.distributed as dist
 import typer
 
 from finetune.config import FinetuneConfig
 from finetune.run import finetune as run_finetune
 from finetune.run import train_drafter as run_train_drafter
+from finetune.train.distributed import world
 from slimspec_convert.cli.app import command, config_fields
 
 _F, _T = FinetuneConfig(), FinetuneConfig.for_new_drafter()
@@ -88,7 +88,7 @@ FeatureCacheDir = Annotated[
 
 def _echo(result, json_out: bool) -> None:
     """Print the report once: in a multi-process run (torchrun) every rank holds it, rank 0 prints."""
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+    if world()[0] != 0:
         return
     typer.echo(json.dumps(result.to_dict(), indent=2) if json_out else result.summary())
 

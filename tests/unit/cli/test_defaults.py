@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch.distributed as dist
 import typer.main
 from typer.testing import CliRunner
 
@@ -120,9 +121,10 @@ def test_finetune_report_is_printed_by_rank_zero_only(monkeypatch, tmp_path):
     """torchrun: every rank returns the report; only rank 0 prints it (one JSON document on stdout)."""
     monkeypatch.setattr(cli_train, "run_finetune", lambda *a, **kw: _Done())
     args = ["finetune", "--target", "t", "--drafter", "x", "--data", "d.jsonl", "--out", str(tmp_path / "o")]
-    monkeypatch.setattr(cli_train.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     for rank, printed in ((1, ""), (0, "done\n")):
-        monkeypatch.setattr(cli_train.dist, "get_rank", lambda rank=rank: rank)
+        monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
         result = CliRunner().invoke(app, args)
         assert (result.exit_code, result.stdout) == (0, printed)
 
