@@ -8,7 +8,8 @@
 #   4. the default recovery fine-tune of the low-rank head: on-policy (the committed distilled
 #      answers of the target), training-time test, target as teacher, the best-scored step kept
 #   5. bench e2e: plain decoding vs full head vs 16k trimmed vs SlimSpec (the low-rank head alone, and
-#      with its top-64 rows rescored exactly: --rerank), same prompts, interleaved; each drafter with
+#      with its top-64 rows and the sequence's own tokens rescored exactly: --rerank, whose context
+#      pool, --rerank-context, defaults to 512 tokens), same prompts, interleaved; each drafter with
 #      its own --draft auto shape (planned on held-out training prompts, not on the benchmark), and
 #      up to 3 prompt-lookup tokens grafted onto each round's drafts (--lookup 3, lossless; the row
 #      'lookup' is the target with prompt lookup alone, to show what the drafters add to copying)

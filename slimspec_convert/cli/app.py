@@ -61,6 +61,10 @@ LOOKUP_HELP = (
     "prompt lookup: graft up to N tokens copied from the context (after the latest earlier match of the "
     "last tokens) onto each round's drafts, losslessly (0 = off)"
 )
+RERANK_CONTEXT_HELP = (
+    "with --rerank: also rescore the last N distinct tokens of each sequence (prompt and answer) "
+    "exactly, the content words a rank-r preview ranks too low (0 = top-K only)"
+)
 LOOKUP_MIN_HELP = "prompt lookup: shortest suffix matched (tokens)"
 LOOKUP_MAX_HELP = "prompt lookup: longest suffix matched, tried first (tokens)"
 

@@ -13,6 +13,7 @@ from slimspec_convert.cli.app import (
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
     LOOKUP_MIN_HELP,
+    RERANK_CONTEXT_HELP,
     apply_threads,
     bench_app,
     command,
@@ -249,6 +250,9 @@ def bench_e2e_cmd(
         list[str] | None,
         typer.Option(help="NAME=K: rescore that low-rank drafter's top-K logits exactly (repeatable)"),
     ] = None,
+    rerank_context: Annotated[int, typer.Option(help=RERANK_CONTEXT_HELP)] = default(
+        BenchE2EConfig, "rerank_context"
+    ),
     dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default(BenchE2EConfig, "dtype"),
     device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default(BenchE2EConfig, "device"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,

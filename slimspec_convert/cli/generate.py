@@ -14,6 +14,7 @@ from slimspec_convert.cli.app import (
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
     LOOKUP_MIN_HELP,
+    RERANK_CONTEXT_HELP,
     apply_threads,
     command,
 )
@@ -84,6 +85,7 @@ def generate(
         int,
         typer.Option(help="low-rank head: rescore its top-K logits with the embedding rows (0 = off)"),
     ] = _GEN.rerank,
+    rerank_context: Annotated[int, typer.Option(help=RERANK_CONTEXT_HELP)] = _GEN.rerank_context,
     dtype: Annotated[
         str, typer.Option(help="target and drafter dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")
     ] = _GEN.dtype,
@@ -111,6 +113,7 @@ def generate(
         device=device,
         max_prompts=limit,
         rerank=rerank,
+        rerank_context=rerank_context,
         linear_product=linear_product,
     )
     auto = draft == AUTO_DRAFT

@@ -70,6 +70,22 @@ class DecodeState:
     hooks: DecodeHooks = field(default_factory=DecodeHooks)
     lookups: list | None = None  # per prompt, a decoding.lookup.NgramLookup (None: no prompt lookup)
     lookup_tokens: list[int] = field(default_factory=list)  # per prompt, accepted lookup-only drafts
+    recent: list[dict[int, None]] | None = None  # per prompt, its distinct tokens, most recent last
+
+    def remember(self, row: int, tokens: Sequence[int]) -> None:
+        """Move ``tokens`` to the most recent end of prompt ``row``'s distinct tokens (if tracked)."""
+        if self.recent is not None:
+            seen = self.recent[row]
+            for t in tokens:
+                seen.pop(t, None)
+                seen[t] = None
+
+    def context_ids(self, limit: int, device) -> Tensor:
+        """The active rows' most recent ``limit`` distinct tokens: [B, C] int64, a short row padded
+        by repeating its last id (a rerank rescores a repeat to the same value)."""
+        rows = [list(self.recent[row])[-limit:] for row in self.rows]
+        C = max(len(r) for r in rows)
+        return torch.tensor([r + r[-1:] * (C - len(r)) for r in rows], dtype=torch.long, device=device)
 
     def commit(self, b: int, tokens: list[int], stop_ids, max_new_tokens: int, record: bool = True) -> bool:
         """Append active row b's tokens, cut after the first stop token (or ``hooks.stop_when``) and
@@ -87,6 +103,7 @@ class DecodeState:
             if t in stop_ids or (stop_when is not None and stop_when(row, out)):
                 finished = True
                 break
+        self.remember(row, out[start:])
         finished = finished or len(out) >= max_new_tokens
         if record:
             self.committed[row].append(len(out) - start)

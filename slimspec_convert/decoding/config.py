@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
+from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT
 from slimspec_convert.target.linear_product import check_linear_product
 
 
@@ -104,12 +105,15 @@ class GenerateConfig:
     device: str = "auto"
     max_prompts: int | None = None
     rerank: int = 0  # low-rank head: rescore its top-k logits exactly (0 = off)
+    rerank_context: int = DEFAULT_RERANK_CONTEXT  # with rerank: also the sequence's last C distinct tokens
     linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
 
     def __post_init__(self) -> None:
         check_linear_product("GenerateConfig", self.linear_product)
         if self.rerank < 0:
             raise ValueError(f"GenerateConfig.rerank={self.rerank}: expected >= 0 (0 = off)")
+        if self.rerank_context < 0:
+            raise ValueError(f"GenerateConfig.rerank_context={self.rerank_context}: expected >= 0 (0 = off)")
         if self.batch_size < 1:
             raise ValueError(f"GenerateConfig.batch_size={self.batch_size}: expected >= 1")
         if self.max_prompts is not None and self.max_prompts < 1:

@@ -19,6 +19,7 @@ from slimspec_convert.decoding.results import StageTimes
 from slimspec_convert.decoding.speculative import DraftTree, build_tree, process_logits, sample_from_probs
 from slimspec_convert.devices import clock_ms, module_device
 from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.model.kv_cache import DraftKVCache
 
 STAGES = ("target aux states", "drafter fc", "drafter decoder layer", "drafter lm_head")  # pipeline order
@@ -127,6 +128,25 @@ class DrafterRunner:
         self.hot_ids = hot  # [V_d] absolute target ids, or None (identity)
         self.device = module_device(drafter)  # stage clocks synchronise it (CUDA runs asynchronously)
         self._finite: dict[str, tuple[Tensor, torch.dtype]] = {}  # stage -> (all finite so far, dtype)
+        self.context: tuple[Tensor, Tensor] | None = None  # this round's rerank context pool
+
+    @property
+    def context_size(self) -> int:
+        """Most distinct sequence tokens the lm_head's rerank rescores (0: it takes none)."""
+        head = self.drafter.lm_head
+        return head.rerank_context if isinstance(head, LowRankHead) and head.rerank_k else 0
+
+    def set_context(self, ids: Tensor | None) -> None:
+        """This round's rerank context pool: [B, C] int64 target ids per active row, or None.
+
+        The rows are gathered here, once per round (timed as lm_head).
+        """
+        if ids is None:
+            self.context = None
+            return
+        t0 = clock_ms(self.device)
+        self.context = (ids, self.drafter.lm_head.context_rows(ids))
+        self.times.drafter_head_ms += clock_ms(self.device) - t0
 
     # ---- NaN/inf watch ---------------------------------------------------------------------
     def _watch(self, stage: str, t: Tensor) -> Tensor:
@@ -169,7 +189,7 @@ class DrafterRunner:
         t0 = clock_ms(self.device)
         z = self.drafter.norm(h)
         t1 = clock_ms(self.device)
-        out = self.drafter.lm_head(z)
+        out = self.drafter.lm_head(z) if self.context is None else self.drafter.lm_head(z, self.context)
         t2 = clock_ms(self.device)
         self.times.drafter_backbone_ms += t1 - t0
         self.times.drafter_head_ms += t2 - t1

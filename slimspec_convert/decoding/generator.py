@@ -251,6 +251,10 @@ class SpeculativeGenerator:
             st.lookups = [NgramLookup(p, d.lookup_min_ngram, d.lookup_max_ngram) for p in prompt_ids]
         if self.drafter is not None:
             self.runner.times = st.times
+            if self.runner.context_size:
+                st.recent = [{} for _ in prompt_ids]
+                for b, p in enumerate(prompt_ids):
+                    st.remember(b, p)
         out = self._target(
             st, ids, attention_mask=attn if padded else None, position_ids=pos, logits_to_keep=1
         )
@@ -338,6 +342,8 @@ class SpeculativeGenerator:
                 n = {"plain": 1, "chain": 2 * k + 1, "tree": tree_uniforms_needed(D, K)}[method]
             uniforms = draw_uniforms(st.generators, n).to(self.device)
         tree = draft_ids = q = anc = lookup_nodes = None
+        if st.recent is not None:
+            self.runner.set_context(st.context_ids(self.runner.context_size, self.device))
         if method == "plain":
             draft_ids = st.root_tok.new_zeros(B, 0)
         elif method == "chain":

@@ -44,7 +44,7 @@ from slimspec_convert.measure.draft_shape import (
 from slimspec_convert.measure.linear_product import apply_linear_product
 from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
-from slimspec_convert.model.head import LowRankHead
+from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT, LowRankHead
 from slimspec_convert.target.forward import resolve_aux_layers
 from slimspec_convert.target.linear_product import check_linear_product
 from slimspec_convert.version import __version__
@@ -68,7 +68,8 @@ class BenchE2EConfig:
 
     ``reference`` names the full-head drafter that defines kappa, nu and rho_tau (default: the first
     drafter whose head is dense and untrimmed). ``rerank`` holds (name, k) pairs: those low-rank
-    drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``).
+    drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``),
+    and the last ``rerank_context`` distinct tokens of each sequence.
     ``device`` and ``dtype`` place the target and every drafter (``auto``: cuda when available,
     bfloat16 there, float32 on the CPU). ``draft_method='auto'`` gives every drafter its own shape
     (:mod:`~slimspec_convert.measure.draft_shape`), planned on the prompts of ``auto_prompts`` (held-out
@@ -80,6 +81,7 @@ class BenchE2EConfig:
 
     drafters: tuple[tuple[str, str], ...]
     rerank: tuple[tuple[str, int], ...] = ()
+    rerank_context: int = DEFAULT_RERANK_CONTEXT
     max_new_tokens: int = DEFAULT_E2E_MAX_NEW_TOKENS
     batch_size: int = 1
     draft_method: str = "tree"
@@ -132,6 +134,8 @@ class BenchE2EConfig:
                 raise ValueError(f"BenchE2EConfig.rerank: {name!r} is not one of the drafters {names}")
             if not isinstance(k, int) or k < 1:
                 raise ValueError(f"BenchE2EConfig.rerank: {name}={k!r}, expected an integer k >= 1")
+        if self.rerank_context < 0:
+            raise ValueError(f"BenchE2EConfig.rerank_context={self.rerank_context}: expected >= 0")
         for name in ("max_new_tokens", "batch_size", "max_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")
@@ -184,6 +188,7 @@ class E2ERow:
     predicted_rho_tps: float | None = None
     measured_rho_tps: float | None = None
     rerank_k: int = 0  # shortlist rerank of a low-rank head (LowRankHead.set_rerank), 0 = off
+    rerank_context: int = 0  # with it, the distinct sequence tokens rescored too (0 = none)
     shape: str | None = None  # the draft shape (chain-3, tree-5x4/16), None for plain decoding
     predicted_tau: float | None = None  # --draft auto: the plan's predictions for its shape
     predicted_tokens_per_s: float | None = None
@@ -380,6 +385,7 @@ def _summarise(
             kind="lookup" if name == E2E_LOOKUP_NAME else head_kind(drafter),
             rank=low.rank if low is not None else None,
             rerank_k=low.rerank_k if low is not None else 0,
+            rerank_context=low.rerank_context if low is not None else 0,
             draft_vocab_size=drafter.config.draft_vocab_size if drafter is not None else None,
             tau=t.committed / t.cycles if t.cycles else None,
             new_tokens=t.new_tokens,

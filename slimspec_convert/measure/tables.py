@@ -31,6 +31,7 @@ def e2e_markdown(result: E2EResult) -> str:
             r.kind
             + (f" r={r.rank}" if r.rank else "")
             + (f" +rerank k={r.rerank_k}" if r.rerank_k else "")
+            + (f" ctx={r.rerank_context}" if r.rerank_k and r.rerank_context else "")
             + (f" V_d={r.draft_vocab_size}" if r.draft_vocab_size else "")
         )
         lossless = (

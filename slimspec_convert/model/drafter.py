@@ -21,7 +21,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from slimspec_convert.model.config import DrafterConfig
-from slimspec_convert.model.head import LowRankHead, head_rank, make_head
+from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT, LowRankHead, head_rank, make_head
 from slimspec_convert.model.kv_cache import DraftKVCache
 
 
@@ -265,8 +265,12 @@ class Eagle3Drafter(nn.Module):
             return draft_ids
         return draft_ids + self.d2t[draft_ids]
 
-    def enable_rerank(self, k: int) -> None:
+    def enable_rerank(self, k: int, context: int = DEFAULT_RERANK_CONTEXT) -> None:
         """Shortlist rerank of the low-rank head with this drafter's ``embed_tokens`` rows.
+
+        ``context`` > 0 (default 512) also rescores up to that many distinct tokens already in each
+        sequence (prompt and answer, the most recent; :class:`~slimspec_convert.model.head.LowRankHead`),
+        which the speculative decoder passes each round; 0 rescores the top-k alone.
 
         Exact only for drafters whose dense lm_head was the embedding table (a tied head, kept
         frozen: speculators heads of tied targets, ``slimspec train-drafter --train body``, the
@@ -277,7 +281,8 @@ class Eagle3Drafter(nn.Module):
 
         Raises:
             ValueError: a dense head, a trimmed vocabulary (V_d < V), a head not converted from the
-                embedding (``head_is_embedding`` False or unrecorded), or k outside [0, V_d].
+                embedding (``head_is_embedding`` False or unrecorded), k outside [0, V_d], or
+                context < 0.
         """
 
         if not isinstance(self.lm_head, LowRankHead):
@@ -302,7 +307,7 @@ class Eagle3Drafter(nn.Module):
                 "from a tied embedding (speculators heads of tied targets, train-drafter --train body, "
                 "the SmolLM2 demo drafter)"
             )
-        self.lm_head.set_rerank(k, self.embed_tokens)
+        self.lm_head.set_rerank(k, self.embed_tokens, context)
 
     @property
     def head_is_lowrank(self) -> bool:

@@ -125,7 +125,7 @@ def bench_e2e(
     }
     for name, k in cfg.rerank:
         try:
-            drafters[name].enable_rerank(k)
+            drafters[name].enable_rerank(k, cfg.rerank_context)
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)

@@ -48,7 +48,7 @@ def load_generation_models(target: str | Path, drafter: str | Path | None, gcfg:
         module.to(device=model.device, dtype=model.dtype).eval()  # one device and dtype for both models
         if gcfg.rerank:
             try:
-                module.enable_rerank(gcfg.rerank)
+                module.enable_rerank(gcfg.rerank, gcfg.rerank_context)
             except ValueError as e:
                 raise ValueError(f"--rerank {gcfg.rerank}: {drafter}: {e}") from e
     elif gcfg.rerank:

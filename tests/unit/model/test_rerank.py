@@ -72,6 +72,28 @@ def test_rerank_is_off_in_training_mode_and_not_saved():
     assert [n for n, _ in head.named_modules()] == ["", "down", "up"]  # rows are not a submodule
 
 
+def test_rerank_context_rescores_the_sequence_tokens_of_each_row_too():
+    head, E, h = _head_and_rows(3)
+    head.set_rerank(3, E, context=8)
+    h = h[:4].reshape(2, 2, D)  # [B=2, M=2, d]: two batch rows, two tree nodes each
+    ids = torch.tensor([[5, 9, 9], [40, 2, 77]])  # row 0 repeats 9 as padding
+    top_only = head(h)
+    out = head(h, (ids, head.context_rows(ids)))
+    exact = h @ E.weight.T  # [2, 2, V]
+    pool = top_only != head.up(head.down(h))  # the top-3 rows top_only rescored
+    for b in range(2):
+        pool[b, :, ids[b]] = True
+    assert torch.allclose(out[pool], exact[pool], atol=1e-5)
+    assert torch.equal(out[~pool], top_only[~pool])  # the rest is the preview, bit for bit
+    assert int((~pool).sum()) > 2 * 2 * (V - 3 - 3)  # the pools are small
+    assert head.rerank_context == 8 and head.context_rows(ids).shape == (2, 3, D)
+    with pytest.raises(ValueError, match=r"rerank context ids \[3, 3\] .* expected \[B, C\]"):
+        head(h, (ids[[0, 1, 1]], head.context_rows(ids[[0, 1, 1]])))
+    head.set_rerank(0, E, context=8)
+    assert head.rerank_context == 0 and head.context_rows(ids) is None
+    assert torch.equal(head(h, None), head.up(head.down(h)))
+
+
 def test_rerank_errors():
     head, E, _ = _head_and_rows()
     with pytest.raises(ValueError, match=r"rerank k=129 is outside \[0, V_d=128\]"):
@@ -80,6 +102,8 @@ def test_rerank_errors():
         ValueError, match=r"rerank rows have shape \[128, 16\], expected \[V_d, d\] = \[128, 32\]"
     ):
         head.set_rerank(4, nn.Embedding(V, 16))
+    with pytest.raises(ValueError, match=r"rerank context=-1: expected >= 0"):
+        head.set_rerank(4, E, context=-1)
     with pytest.raises(ValueError, match="needs a low-rank lm_head"):
         tiny_drafter().enable_rerank(4)
     trimmed = tiny_drafter(draft_vocab_size=64, head_rank=4, head_is_embedding=True)
@@ -124,3 +148,54 @@ def test_greedy_with_rerank_is_lossless_and_full_rerank_drafts_like_the_dense_he
         for n, res in (("dense", dense), ("preview", preview), ("exact", exact))
     }
     assert commits["exact"] == commits["dense"] != commits["preview"]
+
+
+def test_a_context_pool_holding_the_vocabulary_drafts_like_the_dense_head():
+    """k = 1 alone drafts from the rank-4 preview; with every id in the prompt, the context pool
+    rescores the whole vocabulary each round: the dense head's drafts, round by round."""
+    model = tiny_target(seed=3, vocab_size=V)
+    draft = DraftConfig(method="tree", depth=4, top_k=3, total_tokens=10)
+    prompts = [list(range(V)), list(range(V - 1, -1, -1))]
+    full, low = _tied_pair(rank=4)
+    dense = _generate(model, full, prompts, draft)
+    low.enable_rerank(1, context=0)
+    short = _generate(model, low, prompts, draft)
+    low.enable_rerank(1, context=V)
+    pooled = _generate(model, low, prompts, draft)
+    low.enable_rerank(1, context=2)  # the two most recent distinct tokens only
+    recent = _generate(model, low, prompts, draft)
+    ref = [r.output_ids for r in dense]
+    assert [r.output_ids for r in short] == [r.output_ids for r in pooled] == ref
+    assert [r.output_ids for r in recent] == ref
+    commits = {
+        n: [r.stats.committed_per_cycle for r in res]
+        for n, res in (("dense", dense), ("short", short), ("pooled", pooled))
+    }
+    assert commits["pooled"] == commits["dense"] != commits["short"]
+
+
+def test_the_context_pool_is_each_rows_most_recent_distinct_tokens():
+    model = tiny_target(seed=3, vocab_size=V)
+    _, low = _tied_pair(rank=4)
+    low.enable_rerank(2, context=3)
+    gen = SpeculativeGenerator(model, None, low, DraftConfig(), SamplingConfig(max_new_tokens=8))
+    prompts = [[5, 9, 5, 7, 9], [3]]
+    st = gen.start(prompts)
+    first = st.root_tok.tolist()  # committed at prefill
+
+    def last_distinct(seq, n):
+        out = []
+        for t in reversed(seq):
+            if t not in out:
+                out.append(t)
+        return out[:n][::-1]
+
+    want = [last_distinct(p + [f], 3) for p, f in zip(prompts, first, strict=True)]
+    C = max(map(len, want))
+    got = st.context_ids(3, "cpu").tolist()
+    assert got == [w + w[-1:] * (C - len(w)) for w in want]  # short rows repeat their last id
+    gen.step(st)
+    outs = [st.outputs[row] for row in st.rows]
+    assert st.context_ids(3, "cpu")[0].tolist()[: len(last_distinct(prompts[0] + outs[0], 3))] == (
+        last_distinct(prompts[0] + outs[0], 3)
+    )
