@@ -1,6 +1,7 @@
 """Issue 6: the main job in small (5 prompts, short fine-tune) on the real SmolLM2 target and the
 committed demo drafter: calibrated convert -> fine-tune -> bench e2e; greedy outputs lossless,
-SlimSpec tau (the low-rank head with its top-64 rows rescored exactly) at least 0.9x the full head's."""
+SlimSpec tau (the low-rank head with its top-64 rows and the sequence's tokens rescored exactly) at
+least 0.9x the full head's."""
 
 import pytest
 
@@ -64,7 +65,7 @@ def main_job(smollm2_path, tmp_path_factory):
     tuned, _ = load_drafter(tmp_path / "ft", target=model)
     reranked, _ = load_drafter(tmp_path / "ft", target=model)
     reranked = reranked.float().eval()
-    reranked.enable_rerank(64)  # as examples/quickstart.sh
+    reranked.enable_rerank(64)  # as examples/quickstart.sh: the top 64 and a 512-token context pool
     prompts = [turns[0] for turns in load_prompts(REPO / "examples" / "demo_prompts.jsonl")][:5]
     e2e = run_e2e(
         model,
@@ -109,11 +110,13 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.721 of the
-# stage-21 demo drafter (stage 20 trained again on every committed on-policy answer, a new batch
-# order, 2026-12-05) after this test's calibrated convert and 20-step head fine-tune (measured on the
-# stage-21 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed
-# product: tau full 2.347, slimspec 1.691, and with the rerank 2.170);
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.667 of the
+# stage-22 demo drafter (stage 21 trained on its on-policy answers and 3,442 ShareGPT answers of the
+# target, 2026-12-05) after this test's calibrated convert and 20-step head fine-tune (measured on the
+# stage-22 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed
+# product: tau full 2.614, slimspec 1.742, and with the rerank and its context pool 2.500; the
+# top-64 rerank alone gave 2.347, 0.898 of the full head);
+# stage 21 gave 0.721 = 1.691 / 2.347 (rerank 2.170),
 # stage 20 gave 0.706 = 1.691 / 2.396 (rerank 2.300),
 # stage 18 gave 0.710 = 1.667 / 2.347 (rerank 2.212),
 # stage 16 gave 0.773 = 1.742 / 2.255 (rerank 2.130),
@@ -125,7 +128,7 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
 # Greedy decoding is deterministic; the tolerance covers float differences across machines. A
 # regression of the convert or the fine-tune moves it out of the band, an improvement too: then
 # re-pin it, and so does a new demo drafter.
-PINNED_SLIMSPEC_RHO_TAU = 0.721
+PINNED_SLIMSPEC_RHO_TAU = 0.667
 
 
 @pytest.mark.integration
