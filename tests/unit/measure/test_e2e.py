@@ -86,7 +86,7 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_workflow, "plot_predicted_vs_measured", plot)
     res = CliRunner().invoke(
-        app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16"]
+        app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16", "--rerank-context", "32"]
     )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
@@ -94,6 +94,7 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert list(rows) == ["none", "full", "low", "trim", "lowrr"]
     assert [rows[n]["kind"] for n in rows] == ["plain", "full", "lowrank", "trimmed", "lowrank"]
     assert (rows["low"]["rerank_k"], rows["lowrr"]["rerank_k"]) == (0, 16)
+    assert (rows["low"]["rerank_context"], rows["lowrr"]["rerank_context"]) == (0, 32)
     assert (rows["low"]["rank"], rows["trim"]["draft_vocab_size"]) == (8, 64)
     assert summary["reference"] == "full" and summary["num_prompts"] == 2
     assert summary["config"]["run_on"] == {
@@ -137,7 +138,7 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     assert "warning: busy machine (1-min load average 1000.00 > 2 cores): timings are noisy" in res.stderr
     md = (tmp_path / "out" / "e2e.md").read_text()
     assert "| low | lowrank r=8 V_d=128 | chain-5 |" in md
-    assert "| lowrr | lowrank r=8 +rerank k=16 V_d=128 | chain-5 |" in md
+    assert "| lowrr | lowrank r=8 +rerank k=16 ctx=32 V_d=128 | chain-5 |" in md
     assert "batch 1, draft chain, cpu float32." in md
     assert "Target and drafters, linear product: transposed (as asked)." in md
     assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
