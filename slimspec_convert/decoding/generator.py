@@ -251,6 +251,7 @@ class SpeculativeGenerator:
             st.lookups = [NgramLookup(p, d.lookup_min_ngram, d.lookup_max_ngram) for p in prompt_ids]
         if self.drafter is not None:
             self.runner.times = st.times
+            self.runner.set_context(None)  # a pool is this batch's own, set each round
             if self.runner.context_size:
                 st.recent = [{} for _ in prompt_ids]
                 for b, p in enumerate(prompt_ids):

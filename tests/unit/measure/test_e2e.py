@@ -86,7 +86,9 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_workflow, "plot_predicted_vs_measured", plot)
     res = CliRunner().invoke(
-        app, args + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16", "--rerank-context", "32"]
+        app,
+        args
+        + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16", "--rerank-context", "32"],
     )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
