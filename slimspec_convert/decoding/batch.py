@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 import torch
 from torch import Tensor
@@ -83,7 +84,7 @@ class DecodeState:
     def context_ids(self, limit: int, device) -> Tensor:
         """The active rows' most recent ``limit`` distinct tokens: [B, C] int64, a short row padded
         by repeating its last id (a rerank rescores a repeat to the same value)."""
-        rows = [list(self.recent[row])[-limit:] for row in self.rows]
+        rows = [list(islice(reversed(self.recent[row]), limit))[::-1] for row in self.rows]  # O(limit)
         C = max(len(r) for r in rows)
         return torch.tensor([r + r[-1:] * (C - len(r)) for r in rows], dtype=torch.long, device=device)
 
