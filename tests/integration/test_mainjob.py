@@ -110,12 +110,13 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.667 of the
-# stage-22 demo drafter (stage 21 trained on its on-policy answers and 3,442 ShareGPT answers of the
-# target, 2026-12-05) after this test's calibrated convert and 20-step head fine-tune (measured on the
-# stage-22 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed
-# product: tau full 2.614, slimspec 1.742, and with the rerank and its context pool 2.500; the
-# top-64 rerank alone gave 2.347, 0.898 of the full head);
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.647 of the
+# stage-23 demo drafter (stage 22 trained again on the same on-policy answers, 2026-12-05) after
+# this test's calibrated convert and 20-step head fine-tune (measured on the stage-23 drafter, torch
+# 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed product: tau full 2.614,
+# slimspec 1.691, and with the rerank and its context pool 2.500);
+# stage 22 gave 0.667 = 1.742 / 2.614 (rerank with its context pool 2.500; the top-64 rerank alone
+# 2.347, 0.898 of the full head),
 # stage 21 gave 0.721 = 1.691 / 2.347 (rerank 2.170),
 # stage 20 gave 0.706 = 1.691 / 2.396 (rerank 2.300),
 # stage 18 gave 0.710 = 1.667 / 2.347 (rerank 2.212),
@@ -128,7 +129,7 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
 # Greedy decoding is deterministic; the tolerance covers float differences across machines. A
 # regression of the convert or the fine-tune moves it out of the band, an improvement too: then
 # re-pin it, and so does a new demo drafter.
-PINNED_SLIMSPEC_RHO_TAU = 0.667
+PINNED_SLIMSPEC_RHO_TAU = 0.647
 
 
 @pytest.mark.integration
