@@ -3,7 +3,7 @@ token ids with an assistant-only loss mask -> batches; used by training, calibra
 """
 
 from slimspec_convert.data.examples import Example, build_examples, collate, load_examples, split_heldout
-from slimspec_convert.data.records import DataError, DataStats, has_assistant, read_conversations
+from slimspec_convert.data.records import DataError, DataStats, has_assistant, jsonl_lines, read_conversations
 from slimspec_convert.data.self_distill import complete_prompts
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "collate",
     "complete_prompts",
     "has_assistant",
+    "jsonl_lines",
     "load_examples",
     "read_conversations",
     "split_heldout",

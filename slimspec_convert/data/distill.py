@@ -33,7 +33,13 @@ from pathlib import Path
 
 import torch
 
-from slimspec_convert.data.records import DataError, Message, _read_records, record_to_conversations
+from slimspec_convert.data.records import (
+    DataError,
+    Message,
+    _read_records,
+    jsonl_lines,
+    record_to_conversations,
+)
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -212,9 +218,7 @@ def _done_keys(out: Path) -> set[str]:
     _drop_partial_tail(out)
     if not out.is_file():
         return done
-    for lineno, raw in enumerate(out.read_text(encoding="utf-8").splitlines(), 1):
-        if not raw.strip():
-            continue
+    for lineno, raw in jsonl_lines(out.read_text(encoding="utf-8")):
         try:
             prov = json.loads(raw)["provenance"]
         except (json.JSONDecodeError, KeyError, TypeError):

@@ -63,6 +63,29 @@ class DataStats:
         )
 
 
+def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSON Lines text, split at ``"\\n"`` only: the one place a ``.jsonl``
+    file's text is split into its records.
+
+    JSON Lines (https://jsonlines.org) ends each record with ``"\\n"`` (``"\\r\\n"`` allowed).
+    ``str.splitlines()`` also breaks at U+2028, U+2029, U+0085, ``\\v``, ``\\f`` and
+    ``\\x1c``-``\\x1e``, which JSON allows raw inside strings (``json.dumps(..., ensure_ascii=False)``,
+    pandas ``to_json(force_ascii=False)``, many published chat datasets): split with it, a valid
+    record reads as two broken ones ("unterminated string").
+
+    Args:
+        text: the whole file, decoded.
+
+    Returns:
+        An iterator of (1-based line number, line without its ``"\\r\\n"`` / ``"\\n"`` ending); the
+        numbers are the file's own, blank lines skipped, for error messages that name the line.
+    """
+    for lineno, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if line.strip():
+            yield lineno, line
+
+
 def _read_records(path: Path) -> Iterator[tuple[int, object]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: data file not found")
@@ -86,9 +109,7 @@ def _read_records(path: Path) -> Iterator[tuple[int, object]]:
             raise DataError(f"{path}: a .json data file must hold an array of records")
         yield from ((i + 1, rec) for i, rec in enumerate(data))
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, line in jsonl_lines(text):
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from slimspec_convert.data.records import Message, has_assistant
+from slimspec_convert.data.records import Message, has_assistant, jsonl_lines
 
 
 def complete_prompts(
@@ -40,10 +40,9 @@ def complete_prompts(
 
     cache: dict[str, str] = {}
     if cache_path.is_file():
-        for line in cache_path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                cache[rec["key"]] = rec["answer"]
+        for _, line in jsonl_lines(cache_path.read_text(encoding="utf-8")):
+            rec = json.loads(line)
+            cache[rec["key"]] = rec["answer"]
     todo = []
     keys = []
     for conv in convs:

@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from slimspec_convert.data import jsonl_lines
+
 
 def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, ...]]:
     """Read user turns from a JSONL file.
@@ -30,9 +32,7 @@ def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, .
     if not p.is_file():
         raise FileNotFoundError(f"{p}: prompt file not found")
     out: list[tuple[str, ...]] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, line in jsonl_lines(p.read_text(encoding="utf-8")):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
