@@ -68,6 +68,7 @@ class FinetuneConfig:
     batch_size: int = 4
     grad_accum: int = 1
     max_length: int = RECOVERY_MAX_LENGTH
+    max_answer_tokens: int | None = None  # supervise each answer's first N tokens only (None: all)
     warmup_steps: int = RECOVERY_WARMUP_STEPS
     weight_decay: float = 0.0
     clip_grad_norm: float = 0.5  # paper: clip 0.5
@@ -120,6 +121,13 @@ class FinetuneConfig:
                 raise ValueError(f"FinetuneConfig.{name}={value!r}: expected an integer >= 1")
         if self.max_length < 4:
             raise ValueError(f"FinetuneConfig.max_length={self.max_length}: expected >= 4")
+        if self.max_answer_tokens is not None and (
+            not isinstance(self.max_answer_tokens, int) or self.max_answer_tokens < 1
+        ):
+            raise ValueError(
+                f"FinetuneConfig.max_answer_tokens={self.max_answer_tokens!r}: expected an integer >= 1 "
+                "or None"
+            )
         if not self.lr > 0:
             raise ValueError(f"FinetuneConfig.lr={self.lr}: expected > 0")
         if not 0 < self.ttt_decay <= 1:

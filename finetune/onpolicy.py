@@ -117,7 +117,7 @@ def prepare_onpolicy(
     convs = read_conversations(files, stats)
     held_set = {" ".join(t.split()) for t in held_texts}
     convs = [c for c in convs if _first_user(c) not in held_set]
-    train = build_examples(tokenizer, convs, cfg.max_length, stats)
+    train = build_examples(tokenizer, convs, cfg.max_length, stats, cfg.max_answer_tokens)
     if not train:
         raise DataError(f"{', '.join(map(str, files))}: no usable distilled conversation ({stats.summary()})")
     ev = build_onpolicy_eval(model, tokenizer, held_texts, aux_layers, max_new_tokens=cfg.metric_new_tokens)

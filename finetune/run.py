@@ -163,7 +163,13 @@ def _data(model, tok, aux, data, out, cfg: FinetuneConfig, eval_data, self_disti
             od.train, od.eval, od.stats, chain_scorer(od.onpolicy, cfg.metric_depth), od.heldout_prompts
         )
     examples, stats = load_examples(
-        tok, data, cfg.max_length, target_model=model, self_distill=self_distill, cache_dir=out
+        tok,
+        data,
+        cfg.max_length,
+        target_model=model,
+        self_distill=self_distill,
+        cache_dir=out,
+        max_answer_tokens=cfg.max_answer_tokens,
     )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     return _RunData(train_ex, eval_ex, stats)

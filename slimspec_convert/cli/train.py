@@ -54,6 +54,14 @@ LossVocab = Annotated[
 Batch = Annotated[int, typer.Option("--batch-size", help="global sequences per micro-step")]
 Accum = Annotated[int, typer.Option("--grad-accum", help="micro-steps per optimizer step")]
 MaxLen = Annotated[int, typer.Option("--max-length", help="tokens per sequence (longer are truncated)")]
+MaxAnswer = Annotated[
+    int | None,
+    typer.Option(
+        "--max-answer-tokens",
+        help="supervise only the first N tokens of each answer (where speculation starts and is hardest); "
+        "default: every token",
+    ),
+]
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="held-out evaluation every M steps")]
 EvalBatches = Annotated[int, typer.Option(help="held-out batches per evaluation")]
 SaveEvery = Annotated[int, typer.Option("--save-every", help="resumable checkpoint every N steps")]
@@ -115,6 +123,7 @@ def finetune(
     batch_size: Batch = _F.batch_size,
     grad_accum: Accum = _F.grad_accum,
     max_length: MaxLen = _F.max_length,
+    max_answer_tokens: MaxAnswer = _F.max_answer_tokens,
     eval_data: EvalData = None,
     eval_every: EvalEvery = _F.eval_every,
     eval_batches: EvalBatches = _F.eval_batches,
@@ -171,6 +180,7 @@ def train_drafter(
     batch_size: Batch = _T.batch_size,
     grad_accum: Accum = _T.grad_accum,
     max_length: MaxLen = _T.max_length,
+    max_answer_tokens: MaxAnswer = _T.max_answer_tokens,
     eval_data: EvalData = None,
     eval_every: EvalEvery = _T.eval_every,
     eval_batches: EvalBatches = _T.eval_batches,

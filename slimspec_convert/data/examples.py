@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def encode_conversation(
-    tokenizer, conv: list[Message], max_length: int
+    tokenizer, conv: list[Message], max_length: int, max_answer_tokens: int | None = None
 ) -> tuple[Tensor, Tensor, bool] | None:
     """Render with the tokenizer's chat template and mark assistant tokens.
 
@@ -31,9 +31,13 @@ def encode_conversation(
         tokenizer: a fast HF tokenizer with a chat template.
         conv: messages.
         max_length: truncate to this many tokens.
+        max_answer_tokens: supervise only the first N tokens of each assistant turn (None: all);
+            the sequence then ends at the last supervised token. Unlike cutting the answer's text,
+            no end-of-turn token is added where the answer did not end.
 
     Returns:
-        (input_ids [T] int64, loss_mask [T] bool, truncated) or None when no assistant token is left.
+        (input_ids [T] int64, loss_mask [T] bool, truncated) or None when no assistant token is left;
+        ``truncated`` counts only the ``max_length`` cut.
 
     Raises:
         DataError: the chat template renders a prefix that is not a prefix of the whole.
@@ -57,7 +61,13 @@ def encode_conversation(
     starts = torch.tensor([o[0] for o in enc["offset_mapping"]], dtype=torch.int64)
     mask = torch.zeros(ids.numel(), dtype=torch.bool)
     for a, b in spans:
-        mask |= (starts >= a) & (starts < b)
+        turn = (starts >= a) & (starts < b)
+        if max_answer_tokens is not None:
+            turn &= turn.cumsum(0) <= max_answer_tokens
+        mask |= turn
+    if max_answer_tokens is not None and bool(mask.any()):
+        end = int(mask.nonzero()[-1]) + 1
+        ids, mask = ids[:end], mask[:end]
     truncated = ids.numel() > max_length
     ids, mask = ids[:max_length], mask[:max_length]
     if not bool(mask.any()):
@@ -74,16 +84,23 @@ class Example:
 
 
 def build_examples(
-    tokenizer, convs: list[list[Message]], max_length: int, stats: DataStats | None = None
+    tokenizer,
+    convs: list[list[Message]],
+    max_length: int,
+    stats: DataStats | None = None,
+    max_answer_tokens: int | None = None,
 ) -> list[Example]:
-    """Encode every conversation with an assistant turn; count the rest as skipped."""
+    """Encode every conversation with an assistant turn; count the rest as skipped.
+
+    ``max_answer_tokens``: see :func:`encode_conversation`.
+    """
     stats = stats if stats is not None else DataStats()
     out = []
     for conv in convs:
         if not has_assistant(conv):
             stats.skipped_no_assistant += 1
             continue
-        enc = encode_conversation(tokenizer, conv, max_length)
+        enc = encode_conversation(tokenizer, conv, max_length, max_answer_tokens)
         if enc is None:
             stats.skipped_empty += 1
             continue
@@ -149,6 +166,7 @@ def load_examples(
     self_distill: bool = False,
     cache_dir: Path | None = None,
     max_new_tokens: int = 256,
+    max_answer_tokens: int | None = None,
 ) -> tuple[list[Example], DataStats]:
     """Read, optionally complete (self-distillation) and tokenise training files.
 
@@ -158,6 +176,7 @@ def load_examples(
         max_length: tokens kept per conversation.
         target_model, self_distill, cache_dir, max_new_tokens: let the target answer prompt-only
             records (cached in ``cache_dir``).
+        max_answer_tokens: supervise only each answer's first N tokens (:func:`encode_conversation`).
 
     Returns:
         (examples, stats).
@@ -173,7 +192,7 @@ def load_examples(
         convs = complete_prompts(
             target_model, tokenizer, convs, cache_dir / "self_distill.jsonl", max_new_tokens=max_new_tokens
         )
-    examples = build_examples(tokenizer, convs, max_length, stats)
+    examples = build_examples(tokenizer, convs, max_length, stats, max_answer_tokens)
     if not examples:
         raise ValueError(f"{', '.join(map(str, data))}: no usable conversation ({stats.summary()})")
     logger.info("data: %s", stats.summary())

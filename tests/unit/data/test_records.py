@@ -58,6 +58,26 @@ def test_assistant_mask_covers_only_the_answer(tok):
     assert toks == ["There", "are", "5", "<unk>", ".", "<|im_end|>"]
 
 
+def test_max_answer_tokens_keeps_each_answers_first_tokens_and_adds_no_end(tok):
+    conv = [
+        {"role": "user", "content": "How many apples are there?"},
+        {"role": "assistant", "content": "There are 5 apples."},
+        {"role": "user", "content": "And pears?"},
+        {"role": "assistant", "content": "There are 3 pears."},
+    ]
+    (full,) = build_examples(tok, [conv], 100)
+    stats = DataStats()
+    (cut,) = build_examples(tok, [conv], 100, stats, max_answer_tokens=2)
+    toks = tok.convert_ids_to_tokens(cut.input_ids[cut.loss_mask].tolist())
+    assert toks == ["There", "are", "There", "are"]  # two per turn, no "<|im_end|>" where none was
+    n = cut.input_ids.numel()
+    assert bool(cut.loss_mask[-1])  # the sequence ends at its last supervised token
+    assert torch.equal(cut.input_ids, full.input_ids[:n])  # the same tokens, not a re-encoding
+    assert (stats.kept, stats.truncated, stats.supervised_tokens) == (1, 0, 4)
+    (same,) = build_examples(tok, [conv], 100, max_answer_tokens=100)
+    assert torch.equal(same.input_ids, full.input_ids) and torch.equal(same.loss_mask, full.loss_mask)
+
+
 def test_bad_data_errors_name_file_and_line(tmp_path, tok):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

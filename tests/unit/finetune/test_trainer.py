@@ -217,6 +217,13 @@ def test_loss_vocab_of_every_token_is_the_full_loss(tmp_path):
         assert float(every._loss(batch, n)[0]) == pytest.approx(float(plain._loss(batch, n)[0]), rel=1e-5)
 
 
+def test_max_answer_tokens_must_be_a_positive_integer():
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="max_answer_tokens"):
+            FinetuneConfig(max_answer_tokens=bad)
+    assert FinetuneConfig(max_answer_tokens=64).max_answer_tokens == 64
+
+
 def test_loss_vocab_rejects_what_it_cannot_trim(tmp_path):
     for bad in (0, -3):
         with pytest.raises(ValueError, match="loss_vocab"):
