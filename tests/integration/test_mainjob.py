@@ -110,11 +110,12 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.647 of the
-# stage-23 demo drafter (stage 22 trained again on the same on-policy answers, 2026-12-05) after
-# this test's calibrated convert and 20-step head fine-tune (measured on the stage-23 drafter, torch
-# 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed product: tau full 2.614,
-# slimspec 1.691, and with the rerank and its context pool 2.500);
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.631 of the
+# stage-24 demo drafter (stage 23 trained on its answers' first 128 tokens, 2026-12-05) after
+# this test's calibrated convert and 20-step head fine-tune (measured on the stage-24 drafter, torch
+# 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed product: tau full 2.805,
+# slimspec 1.769, and with the rerank and its context pool 2.556);
+# stage 23 gave 0.647 = 1.691 / 2.614 (rerank with its context pool 2.500),
 # stage 22 gave 0.667 = 1.742 / 2.614 (rerank with its context pool 2.500; the top-64 rerank alone
 # 2.347, 0.898 of the full head),
 # stage 21 gave 0.721 = 1.691 / 2.347 (rerank 2.170),
@@ -129,7 +130,7 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
 # Greedy decoding is deterministic; the tolerance covers float differences across machines. A
 # regression of the convert or the fine-tune moves it out of the band, an improvement too: then
 # re-pin it, and so does a new demo drafter.
-PINNED_SLIMSPEC_RHO_TAU = 0.647
+PINNED_SLIMSPEC_RHO_TAU = 0.631
 
 
 @pytest.mark.integration
