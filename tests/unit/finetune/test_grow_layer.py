@@ -58,6 +58,6 @@ def test_grown_drafter_round_trips_and_its_new_layer_trains(tmp_path):
         )
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert layer.self_attn.o_proj.weight.abs().sum() > 0 and layer.mlp.down_proj.weight.abs().sum() > 0
     assert losses[1] < losses[0]
