@@ -46,6 +46,6 @@ slimspec bench e2e --target "$TARGET" --prompts examples/demo_prompts.jsonl \
   --drafter full="$DRAFTER" --drafter trim16k="$OUT/trim16k" --drafter slimspec="$OUT/slimspec-r72-ft" \
   --drafter slimspec-rerank="$OUT/slimspec-r72-ft" --rerank slimspec-rerank=64 \
   --reference full --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts "$MAX_PROMPTS" \
-  --draft auto --auto-prompts data/heldout/general24.jsonl --repeats 2 --lookup 3 \
+  --draft auto --auto-prompts data/heldout/general24.jsonl --repeats 3 --lookup 3 \
   --out "$OUT/e2e" --force
 echo "results: $OUT/e2e (e2e.json, e2e.md, e2e_speedup.png); the main job took ${SECONDS} s"

@@ -110,11 +110,12 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
     assert ratio >= 0.9, f"rho_tau {ratio:.3f}"
 
 
-# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.631 of the
-# stage-24 demo drafter (stage 23 trained on its answers' first 128 tokens, 2026-12-05) after
-# this test's calibrated convert and 20-step head fine-tune (measured on the stage-24 drafter, torch
-# 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed product: tau full 2.805,
-# slimspec 1.769, and with the rerank and its context pool 2.556);
+# Pinned measurement, not a goal: the rank-72 head alone (no rerank) keeps rho_tau 0.603 of the
+# stage-26 demo drafter (stage 24 trained on its answers' first 128 tokens cut token-exactly,
+# 2026-12-05) after this test's calibrated convert and 20-step head fine-tune (measured on the
+# stage-26 drafter, torch 2.13.0 CPU, float32, greedy, --linear-product auto picking the transposed
+# product: tau full 2.805, slimspec 1.691, and with the rerank and its context pool 2.674);
+# stage 24 gave 0.631 = 1.769 / 2.805 (rerank with its context pool 2.556),
 # stage 23 gave 0.647 = 1.691 / 2.614 (rerank with its context pool 2.500),
 # stage 22 gave 0.667 = 1.742 / 2.614 (rerank with its context pool 2.500; the top-64 rerank alone
 # 2.347, 0.898 of the full head),
@@ -130,7 +131,7 @@ def test_main_job_reranked_slimspec_tau_at_least_0_9_of_full(main_job):
 # Greedy decoding is deterministic; the tolerance covers float differences across machines. A
 # regression of the convert or the fine-tune moves it out of the band, an improvement too: then
 # re-pin it, and so does a new demo drafter.
-PINNED_SLIMSPEC_RHO_TAU = 0.631
+PINNED_SLIMSPEC_RHO_TAU = 0.603
 
 
 @pytest.mark.integration
