@@ -24,8 +24,8 @@ from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.load import load_target
 
 MT_BENCH = "data/eval/mt_bench/question.jsonl"
 

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from slimspec_convert.target.fetch import get_smollm2
+from slimspec_convert.targets.fetch import get_smollm2
 from slimspec_convert.workflows.calibrate import calibrate_from_files, default_calibration_files
 from slimspec_convert.workflows.convert import ConvertConfig, convert
 

@@ -16,8 +16,8 @@ import torch
 
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.load import load_target
 
 src, dst, history = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text())
 if dst.exists():

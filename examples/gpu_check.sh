@@ -46,7 +46,7 @@ busy = {r["machine"]["reason"] for r in rows if r.get("machine", {}).get("busy")
 print("machine: " + ("BUSY: " + "; ".join(sorted(busy)) if busy else "quiet (load average and timing spread)"))
 PYEOF
 
-TARGET="${TARGET:-$("$PY" -c 'from slimspec_convert.target.fetch import SMOLLM2_DIR_NAME, cache_dir; print(cache_dir() / SMOLLM2_DIR_NAME)')}"
+TARGET="${TARGET:-$("$PY" -c 'from slimspec_convert.targets.fetch import SMOLLM2_DIR_NAME, cache_dir; print(cache_dir() / SMOLLM2_DIR_NAME)')}"
 if [ ! -f "$TARGET/config.json" ]; then
   echo "pipeline check skipped: no SmolLM2 target at $TARGET (set TARGET=folder, or run slimspec fetch-smollm2 once)"
   exit 0

@@ -14,8 +14,8 @@ from pathlib import Path
 from finetune.train.init import add_decoder_layer
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.load import load_target
 
 src, dst = sys.argv[1], Path(sys.argv[2])
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0

@@ -22,8 +22,8 @@ import torch
 
 from slimspec_convert import ConvertConfig, DraftConfig, convert, load_drafter, speculative_generate
 from slimspec_convert.decoding.prompts import load_prompts
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.load import load_target
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,9 @@ from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.distill import read_prompts
 from slimspec_convert.measure.chain_acceptance import build_onpolicy_eval
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.load import load_target
 
 torch.set_num_threads(2)
 src, dst = sys.argv[1], Path(sys.argv[2])

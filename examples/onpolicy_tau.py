@@ -24,9 +24,9 @@ from slimspec_convert.measure.chain_acceptance import (
     chain_acceptance,
     measured_chain_tau,
 )
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.load import load_target
 
 torch.set_num_threads(2)
 depth, out = int(sys.argv[1]), sys.argv[2]

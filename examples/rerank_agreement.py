@@ -22,8 +22,8 @@ from finetune.config import FinetuneConfig
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.examples import collate, load_examples, split_heldout
 from slimspec_convert.model.ttt import ttt_unroll
-from slimspec_convert.target.forward import target_forward
-from slimspec_convert.target.load import load_target, num_target_layers, target_lm_head
+from slimspec_convert.targets.forward import target_forward
+from slimspec_convert.targets.load import load_target, num_target_layers, target_lm_head
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = [REPO / "data/train/gsm8k/train.jsonl", REPO / "data/train/gpteacher/codegen-instruct.json"]

@@ -23,7 +23,7 @@ from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.distill import read_prompts
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 
 REPO = Path(__file__).resolve().parents[1]
 

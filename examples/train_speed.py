@@ -27,9 +27,9 @@ from finetune.config import FinetuneConfig  # noqa: E402
 from finetune.train.trainer import Trainer  # noqa: E402
 from slimspec_convert.checkpoint.load import load_drafter  # noqa: E402
 from slimspec_convert.data.examples import load_examples  # noqa: E402
-from slimspec_convert.target.fetch import get_smollm2  # noqa: E402
-from slimspec_convert.target.forward import resolve_aux_layers  # noqa: E402
-from slimspec_convert.target.load import load_target  # noqa: E402
+from slimspec_convert.targets.fetch import get_smollm2  # noqa: E402
+from slimspec_convert.targets.forward import resolve_aux_layers  # noqa: E402
+from slimspec_convert.targets.load import load_target  # noqa: E402
 
 torch.set_num_threads(2)
 here = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.examples import load_examples, split_heldout, token_counts
 from slimspec_convert.data.records import DataStats
 from slimspec_convert.model.config import default_aux_boundaries
-from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.load import load_target, num_target_layers
+from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.load import load_target, num_target_layers
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)

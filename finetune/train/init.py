@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from slimspec_convert.model.config import DrafterConfig, default_aux_boundaries
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import draft_to_target_ids, trimmed_vocab_from_counts
-from slimspec_convert.target.load import num_target_layers, target_embeddings, target_lm_head
+from slimspec_convert.targets.load import num_target_layers, target_embeddings, target_lm_head
 
 
 def new_drafter_for_target(

@@ -45,7 +45,7 @@ from slimspec_convert.devices import cpu_has_native_bf16
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.forward import target_forward, target_logits_at
+from slimspec_convert.targets.forward import target_forward, target_logits_at
 
 logger = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import VocabMapError, t2d_from_d2t, validate_vocab_maps
-from slimspec_convert.target.load import drafter_evidence
+from slimspec_convert.targets.load import drafter_evidence
 
 FORMATS = ("slimspec", "eagle", "specforge", "speculators", "modelopt", "vllm", "torchspec")
 

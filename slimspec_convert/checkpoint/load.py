@@ -36,7 +36,7 @@ from slimspec_convert.lowrank.blocks import count_nonfinite
 from slimspec_convert.model.config import DrafterConfig
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.load import check_target_folder, load_target, not_a_drafter
+from slimspec_convert.targets.load import check_target_folder, load_target, not_a_drafter
 
 
 def load_native(path: str | Path, embed_from: Tensor | None = None) -> Eagle3Drafter:

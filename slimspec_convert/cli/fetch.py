@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from slimspec_convert.cli.app import command
-from slimspec_convert.target.fetch import get_smollm2
+from slimspec_convert.targets.fetch import get_smollm2
 
 
 @command("fetch-smollm2")

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from slimspec_convert.decoding.results import StageTimes
 from slimspec_convert.model.kv_cache import DraftKVCache
-from slimspec_convert.target.cache import keep_cache_slots, select_cache_rows
+from slimspec_convert.targets.cache import keep_cache_slots, select_cache_rows
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT
-from slimspec_convert.target.linear_product import check_linear_product
+from slimspec_convert.targets.linear_product import check_linear_product
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class GenerateConfig:
     max_prompts: int | None = None
     rerank: int = 0  # low-rank head: rescore its top-k logits exactly (0 = off)
     rerank_context: int = DEFAULT_RERANK_CONTEXT  # with rerank: also the sequence's last C distinct tokens
-    linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
+    linear_product: str = "auto"  # slimspec_convert.targets.linear_product: auto, torch or transposed
 
     def __post_init__(self) -> None:
         check_linear_product("GenerateConfig", self.linear_product)

@@ -54,8 +54,8 @@ from slimspec_convert.decoding.speculative import (
 from slimspec_convert.devices import clock_ms, module_device
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
-from slimspec_convert.target.cache import cache_length, new_target_cache, target_mask_windows
-from slimspec_convert.target.forward import resolve_aux_layers, target_forward
+from slimspec_convert.targets.cache import cache_length, new_target_cache, target_mask_windows
+from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from slimspec_convert.decoding.speculative import expected_acceptance_terms, top1_agreement
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.forward import resolve_aux_layers, target_forward
+from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
 
 _ROW_CHUNK = 256  # positions per softmax chunk (bounds memory at [256, V_t] float32)
 

@@ -32,7 +32,7 @@ from slimspec_convert.decoding.speculative import chain_tau_from_agreement, tau_
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.forward import target_forward
+from slimspec_convert.targets.forward import target_forward
 
 
 @dataclass

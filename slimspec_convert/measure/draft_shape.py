@@ -61,9 +61,9 @@ from slimspec_convert.measure.chain_acceptance import (
     round_starts,
     visited_round_starts,
 )
-from slimspec_convert.target.cache import keep_cache_slots, new_target_cache
-from slimspec_convert.target.forward import _cache_kwarg, resolve_aux_layers
-from slimspec_convert.target.linear_product import linear_product
+from slimspec_convert.targets.cache import keep_cache_slots, new_target_cache
+from slimspec_convert.targets.forward import _cache_kwarg, resolve_aux_layers
+from slimspec_convert.targets.linear_product import linear_product
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class VerifyCost:
 
 def verify_key(model, context: int) -> dict:
     """What a verification timing is of: target config hash, device, dtype, threads, torch, context,
-    the linear layers' product (:mod:`slimspec_convert.target.linear_product`) and the timing method."""
+    the linear layers' product (:mod:`slimspec_convert.targets.linear_product`) and the timing method."""
     p = next(model.parameters())
     cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     return {
@@ -167,7 +167,7 @@ def measure_verify_cost(
 
 def timing_cache_path(cache_dir: str | Path | None, kind: str, key: dict) -> Path:
     """``cache_dir`` (default ``$SLIMSPEC_CACHE/<kind>``) / a 16-hex hash of ``key`` + ``.json``."""
-    from slimspec_convert.target.fetch import cache_dir as default_cache
+    from slimspec_convert.targets.fetch import cache_dir as default_cache
 
     folder = Path(cache_dir) if cache_dir is not None else default_cache() / kind
     return folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")

@@ -45,8 +45,8 @@ from slimspec_convert.measure.linear_product import apply_linear_product
 from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT, LowRankHead
-from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.linear_product import check_linear_product
+from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.linear_product import check_linear_product
 from slimspec_convert.version import __version__
 
 DEFAULT_E2E_MAX_NEW_TOKENS = 64
@@ -92,7 +92,7 @@ class BenchE2EConfig:
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
     auto_prompts: str | None = None  # --draft auto: calibration prompts file (default: the first prompts)
-    linear_product: str = "auto"  # slimspec_convert.target.linear_product: auto, torch or transposed
+    linear_product: str = "auto"  # slimspec_convert.targets.linear_product: auto, torch or transposed
     repeats: int = 1  # runs per batch and configuration, interleaved; the fastest is kept
     lookup: int = 0  # prompt-lookup tokens grafted per round (DraftConfig.lookup), 0 = off
     lookup_min_ngram: int = DraftConfig.lookup_min_ngram

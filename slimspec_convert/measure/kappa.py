@@ -12,7 +12,7 @@ from slimspec_convert.lowrank.costmodel import kappa_from_times
 from slimspec_convert.measure.timing import time_interleaved
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
-from slimspec_convert.target.forward import resolve_aux_layers, target_forward
+from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
 
 
 @dataclass(frozen=True)

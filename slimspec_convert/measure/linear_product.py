@@ -1,7 +1,7 @@
 """``--linear-product auto``: time the target's verification both ways and keep the faster product.
 
 The target's forward of ``n`` = 1, 2, 3, 4, 6 and 8 tokens after a 128-token context is timed with
-torch's ``x @ W.T`` and with ``(W @ x.T).T`` (:mod:`slimspec_convert.target.linear_product`); the
+torch's ``x @ W.T`` and with ``(W @ x.T).T`` (:mod:`slimspec_convert.targets.linear_product`); the
 product with the lower total wins and is set on the target and every drafter. Measured once per
 (target, device, dtype, threads, torch) and cached as JSON under ``$SLIMSPEC_CACHE/linear_product``.
 Only float32 on the CPU is measured (the slow kernels are MKL's float32 ones); elsewhere ``auto``
@@ -25,7 +25,7 @@ from slimspec_convert.measure.draft_shape import (
     timing_cache_path,
     verify_key,
 )
-from slimspec_convert.target.linear_product import (
+from slimspec_convert.targets.linear_product import (
     LINEAR_PRODUCTS,
     TORCH_PRODUCT,
     TRANSPOSED_PRODUCT,
@@ -94,7 +94,7 @@ def choose_linear_product(
     """The faster product for ``model``'s verification forwards (module docstring).
 
     Chooses only: the model's linear layers are left in torch's product (set it with
-    :func:`apply_linear_product` or :func:`~slimspec_convert.target.linear_product.set_linear_product`).
+    :func:`apply_linear_product` or :func:`~slimspec_convert.targets.linear_product.set_linear_product`).
 
     Args:
         model: HF causal LM (eval mode), its linear layers in either product.

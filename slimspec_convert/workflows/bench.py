@@ -14,7 +14,7 @@ from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
 from slimspec_convert.measure.tables import e2e_markdown
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 
 E2E_JSON, E2E_MD, E2E_PNG = "e2e.json", "e2e.md", "e2e_speedup.png"
 

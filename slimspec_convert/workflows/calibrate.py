@@ -22,8 +22,8 @@ from slimspec_convert.lowrank.calibrated import HeadCalibration, token_row_weigh
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import ttt_unroll
 from slimspec_convert.model.vocab import draft_to_target_ids
-from slimspec_convert.target.forward import resolve_aux_layers, target_forward
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
+from slimspec_convert.targets.load import load_target
 
 # slimspec convert --calibration-data (finetune/calibrate.py)
 DEFAULT_CALIBRATION_SAMPLES = 64

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from slimspec_convert.data.distill import DistillConfig, DistillReport, distill
 from slimspec_convert.data.self_prompts import SelfPromptConfig, SelfPromptReport, self_prompts
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 
 
 def distill_files(

@@ -19,7 +19,7 @@ from slimspec_convert.measure.draft_shape import (
 )
 from slimspec_convert.measure.linear_product import LinearProductChoice, apply_linear_product
 from slimspec_convert.model.drafter import Eagle3Drafter
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 
 NO_DRAFTER = "none"  # --drafter none: the target alone
 

@@ -41,8 +41,8 @@ from slimspec_convert.measure.plots import plot_rank_vs_acceptance, plot_rank_vs
 from slimspec_convert.measure.timing import time_module_calls
 from slimspec_convert.model.drafter import Eagle3Drafter, with_head
 from slimspec_convert.model.head import LowRankHead
-from slimspec_convert.target.forward import resolve_aux_layers
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.load import load_target
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)

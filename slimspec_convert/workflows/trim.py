@@ -34,7 +34,7 @@ from slimspec_convert.dtypes import DTYPES, check_dtype_name
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.model.vocab import draft_to_target_ids, trimmed_vocab_from_counts
-from slimspec_convert.target.load import load_tokenizer
+from slimspec_convert.targets.load import load_tokenizer
 from slimspec_convert.version import __version__
 
 DEFAULT_TRIM_MAX_LENGTH = 2048

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from slimspec_convert.cli import app
 from slimspec_convert.devices import resolve_device, resolve_dtype
-from slimspec_convert.target.fetch import SMOLLM2_DIR_NAME, cache_dir
+from slimspec_convert.targets.fetch import SMOLLM2_DIR_NAME, cache_dir
 from tests.helpers.eagle3_layouts import save_tiny_target, write_layout
 from tests.helpers.models import DATA, REPO, tiny_drafter, tiny_target, tiny_tokenizer
 

@@ -32,7 +32,7 @@ def smollm2_random_drafter(model):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    from slimspec_convert.target.load import load_target
+    from slimspec_convert.targets.load import load_target
 
     return load_target(smollm2_path, "float32")
 
@@ -43,7 +43,7 @@ def test_smollm2_greedy_speculative_equals_plain_on_mt_bench(smollm2, caplog):
     questions = [t[0] for t in load_prompts(MT_BENCH)][:10]
     drafter = smollm2_random_drafter(model)
     draft = DraftConfig(method="tree", depth=3, top_k=3, total_tokens=8)
-    with caplog.at_level(logging.WARNING, logger="slimspec_convert.target.forward"):
+    with caplog.at_level(logging.WARNING, logger="slimspec_convert.targets.forward"):
         gen = SpeculativeGenerator(
             model, tokenizer, drafter, draft, SamplingConfig(max_new_tokens=24), batch_size=5
         )

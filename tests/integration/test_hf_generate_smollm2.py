@@ -10,7 +10,7 @@ import torch
 from transformers import TextIteratorStreamer
 
 from slimspec_convert import ConvertConfig, DraftConfig, convert, load_drafter, speculative_generate
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 from tests.helpers.models import REPO
 
 DRAFTER = REPO / "drafters" / "smollm2-135m-eagle3"

@@ -11,7 +11,7 @@ from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.examples import load_examples
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
-from slimspec_convert.target.load import load_target, num_target_layers
+from slimspec_convert.targets.load import load_target, num_target_layers
 from slimspec_convert.workflows.calibrate import head_input_moment
 from slimspec_convert.workflows.convert import ConvertConfig, convert
 from tests.helpers.models import REPO

@@ -8,7 +8,7 @@ rank    modules
 ======  ==============================================================================
 0       ``slimspec_convert.{version, dtypes, devices, atomic}``
 1       ``slimspec_convert.lowrank``: the paper's math
-2       ``slimspec_convert.target``: the verifier model
+2       ``slimspec_convert.targets``: the verifier model
 3       ``slimspec_convert.model``: nn.Modules of the drafter
 4       ``slimspec_convert.checkpoint``: drafter files
 5       ``slimspec_convert.data``: conversation files -> token ids (training, calibration, counting)
@@ -40,7 +40,7 @@ LAYERS = (
         "slimspec_convert.atomic",
     ),
     ("slimspec_convert.lowrank",),
-    ("slimspec_convert.target",),
+    ("slimspec_convert.targets",),
     ("slimspec_convert.model",),
     ("slimspec_convert.checkpoint",),
     ("slimspec_convert.data",),

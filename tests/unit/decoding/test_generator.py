@@ -19,8 +19,8 @@ from slimspec_convert.decoding.drafting import NonFiniteDecodeError
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.model.kv_cache import DraftKVCache
-from slimspec_convert.target.cache import new_target_cache
-from slimspec_convert.target.forward import target_forward
+from slimspec_convert.targets.cache import new_target_cache
+from slimspec_convert.targets.forward import target_forward
 from tests.helpers.decoding import CHAIN, EOS, HEADS, MT_BENCH, TREE, V, hf_greedy, mt_bench_ids
 from tests.helpers.models import tiny_drafter, tiny_target
 
@@ -284,7 +284,7 @@ def test_sampling_rows_equal_their_batch1_output(target16, prompts16, reference1
 def test_drafter_without_aux_ids_warns_and_uses_defaults(caplog):
     target = tiny_target(seed=3, vocab_size=V, num_layers=8)
     drafter = tiny_drafter(seed=1, aux_layer_ids=None, **HEADS["dense"])
-    with caplog.at_level(logging.WARNING, logger="slimspec_convert.target.forward"):
+    with caplog.at_level(logging.WARNING, logger="slimspec_convert.targets.forward"):
         gen = SpeculativeGenerator(target, None, drafter, TREE, SamplingConfig())
     assert gen.aux_layers == (2, 4, 5)  # {2, L//2, L-3} for L = 8
     assert "no aux layer ids" in caplog.text

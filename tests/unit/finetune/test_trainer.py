@@ -14,7 +14,7 @@ from slimspec_convert.data.examples import build_examples
 from slimspec_convert.data.records import read_conversations
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.model.ttt import shift_left, ttt_attention_mask, ttt_unroll
-from slimspec_convert.target.forward import target_logits_at
+from slimspec_convert.targets.forward import target_logits_at
 from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
 
 AUX = (2, 3, 4)

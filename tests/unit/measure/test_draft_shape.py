@@ -103,7 +103,7 @@ def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_can
 
 def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_path, monkeypatch):
     from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
-    from slimspec_convert.target.fetch import cache_dir
+    from slimspec_convert.targets.fetch import cache_dir
 
     monkeypatch.setenv("SLIMSPEC_CACHE", str(tmp_path))
     assert cache_dir() == tmp_path

@@ -17,7 +17,7 @@ from slimspec_convert.measure.linear_product import (
     apply_linear_product,
     choose_linear_product,
 )
-from slimspec_convert.target.linear_product import linear_product
+from slimspec_convert.targets.linear_product import linear_product
 from tests.helpers.models import tiny_drafter, tiny_target
 
 

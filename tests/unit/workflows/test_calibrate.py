@@ -23,8 +23,8 @@ from slimspec_convert.data.records import read_conversations
 from slimspec_convert.lowrank.calibrated import HeadCalibration, calibrated_factorize, token_row_weights
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
-from slimspec_convert.target.forward import target_forward
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.forward import target_forward
+from slimspec_convert.targets.load import load_target
 from slimspec_convert.workflows.calibrate import (
     calibrate_from_files,
     default_calibration_files,

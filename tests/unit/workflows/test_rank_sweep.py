@@ -16,7 +16,7 @@ from slimspec_convert.cli.app import app
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.measure.acceptance import AcceptanceStats, expected_acceptance
 from slimspec_convert.measure.kappa import measure_kappa
-from slimspec_convert.target.forward import target_forward
+from slimspec_convert.targets.forward import target_forward
 from slimspec_convert.workflows.rank_sweep import RankSweepConfig, sweep_ranks
 from tests.helpers.models import tiny_drafter, tiny_target
 from tests.helpers.wordlevel import save_tiny_target_folder

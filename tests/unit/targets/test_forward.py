@@ -1,8 +1,8 @@
-"""target.forward: logits at gathered hidden states in the head's dtype."""
+"""targets.forward: logits at gathered hidden states in the head's dtype."""
 
 import torch
 
-from slimspec_convert.target.forward import target_logits_at
+from slimspec_convert.targets.forward import target_logits_at
 from tests.helpers.models import tiny_target
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimspec_convert.target.load import num_target_layers
+from slimspec_convert.targets.load import num_target_layers
 
 logger = logging.getLogger(__name__)
 

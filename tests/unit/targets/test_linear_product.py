@@ -9,7 +9,7 @@ from torch import nn
 
 from slimspec_convert.decoding.config import SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.target.linear_product import (
+from slimspec_convert.targets.linear_product import (
     TransposedLinear,
     linear_product,
     set_linear_product,

@@ -2,9 +2,14 @@
 operate its KV cache, fetch the SmolLM2 demo target.
 """
 
-from slimspec_convert.target.fetch import get_smollm2
-from slimspec_convert.target.forward import TargetOutput, check_aux_layers, resolve_aux_layers, target_forward
-from slimspec_convert.target.load import TargetError, load_target, load_tokenizer, num_target_layers
+from slimspec_convert.targets.fetch import get_smollm2
+from slimspec_convert.targets.forward import (
+    TargetOutput,
+    check_aux_layers,
+    resolve_aux_layers,
+    target_forward,
+)
+from slimspec_convert.targets.load import TargetError, load_target, load_tokenizer, num_target_layers
 
 __all__ = [
     "TargetError",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimspec_convert.target.load import load_target
+from slimspec_convert.targets.load import load_target
 from tests.helpers.models import tiny_target
 from tests.helpers.wordlevel import save_tiny_target_folder
 
