@@ -1,5 +1,5 @@
-"""The README's "use it from transformers" figures: the same ``model.generate`` call with and without a
-SlimSpec drafter, on SmolLM2-135M-Instruct (float32, CPU), greedy, chat-templated prompts.
+"""Speed of transformers' generate() with and without a SlimSpec drafter: the same ``model.generate``
+call on SmolLM2-135M-Instruct (float32, CPU), greedy, chat-templated prompts.
 
     python examples/hf_generate_speed.py --prompts 5 --max-new-tokens 64 --threads 2
 

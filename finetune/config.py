@@ -21,7 +21,7 @@ DEFAULT_TTT_DECAY = 0.8
 
 # The recovery recipe (slimspec finetune): the best of a small sweep on the SmolLM2 demo drafter's
 # calibrated rank-72 convert, scored by the on-policy predicted chain-3 tau on 16 held-out training
-# prompts (README "Fine-tuning"): lr 4e-4 / 1e-3 / 2e-3 at 3 TTT steps gave 1.493 / 1.558 / 1.581
+# prompts (README at 8de2c04, "Fine-tuning"): lr 4e-4 / 1e-3 / 2e-3 at 3 TTT steps gave 1.493 / 1.558 / 1.581
 # (from 1.348) in 60 steps; 5 TTT steps at 2e-3 gave 1.588 (+0.5%) for 1.5x the step time, so 3 stay.
 # Steps: one 180-step run of these defaults on the stage-7 demo drafter's calibrated rank-72 convert,
 # scored every 20 steps: 1.550 (step 0) / 1.668 / 1.714 / 1.719 / 1.720 / 1.774 (step 100) / 1.768 /

@@ -23,9 +23,9 @@ DEFAULT_CALIBRATION_DAMP = 0.01  # calibrated_factorize: lambda = damp * mean ei
 
 
 # token_row_weights: share of the frequency term in the row weights (0 = every row alike). Measured on
-# held-out *training* prompts (README "Calibration", SmolLM2 demo drafter, r = 72): chain-3 tau 1.186 /
-# 1.228 / 1.248 / 1.251 for 0 / 0.5 / 0.9 / 1.0 (full head 1.288). 0.9 ties 1.0 (3 tokens in 1,536) and
-# keeps every row a floor weight of 0.1 when the counts come from few tokens.
+# held-out *training* prompts (README at 8de2c04, "Converting"; SmolLM2 demo drafter, r = 72):
+# chain-3 tau 1.186 / 1.228 / 1.248 / 1.251 for 0 / 0.5 / 0.9 / 1.0 (full head 1.288). 0.9 ties 1.0
+# (3 tokens in 1,536) and keeps every row a floor weight of 0.1 when the counts come from few tokens.
 DEFAULT_TOKEN_WEIGHT = 0.9
 
 

@@ -148,7 +148,8 @@ def test_smollm2_convert_finetune_generate_greedy_equality_on_cuda(tmp_path):
             *f"{steps} --eval-batches 2 --save-every 20 --warmup-steps 2 --device cuda --json".split(),
         )
     )
-    # 5e-4 from a calibrated init improves held-out acceptance from the first steps (README, Fine-tuning)
+    # 5e-4 from a calibrated init improves held-out acceptance from the first steps
+    # (README at 8de2c04, "Fine-tuning")
     assert ft["steps"] == 20 and ft["history"][-1]["score"] > ft["before"]["score"]
     common = ("--device", "cuda", "--limit", "3", "--max-new-tokens", "48")
     plain = _generate_ids(target, "none", prompts, *common, "--dtype", "float32")

@@ -1,0 +1,335 @@
+"""Rebuild every generated figure in the docs from the committed results JSON.
+
+Figures are never typed by hand: each table in ``docs/results.md``, the README's headline table and the
+demo drafters' evaluation tables are made here from the JSON a benchmark wrote (``results/``), and
+``tests/unit/test_docs.py`` runs this script with ``--check`` so that a page can never drift from its
+run.
+
+Usage::
+
+    python scripts/make_docs.py           # rewrite the generated pages and blocks
+    python scripts/make_docs.py --check   # exit 1 (and print a diff) if any of them differs
+
+A generated block inside a hand-written page sits between ``<!-- BEGIN generated: NAME -->`` and
+``<!-- END generated: NAME -->``; everything outside the markers is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+# A results file and how the results page introduces it: (path under results/, title, what it shows).
+SECTIONS: list[tuple[str, str, str]] = [
+    (
+        "smollm2/mainjob.json",
+        "SmolLM2-135M-Instruct: the main job",
+        "`bash examples/quickstart.sh`: the committed demo drafter (full head), its 16k trimmed copy and "
+        "its SlimSpec conversion (r = d/8 = 72, calibrated, the default 100-step recovery fine-tune), "
+        "with and without the shortlist rerank, against plain decoding, interleaved on the same prompts.",
+    ),
+]
+KIND_ORDER = ["writing", "qa", "math", "translation", "code", "summarisation"]
+
+
+def load(rel: str) -> dict:
+    """One results JSON, read from ``results/REL``; KeyError-free access is the caller's job."""
+    return json.loads((RESULTS / rel).read_text(encoding="utf-8"))
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """The one number format of the generated tables (``-`` for a missing value)."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def head_label(row: dict) -> str:
+    """What a row's drafter head is, in the words of the docs."""
+    kind = row.get("kind")
+    if kind == "plain":
+        return "none (plain decoding)"
+    if kind == "lookup":
+        return "none (prompt lookup alone)"
+    if kind == "trimmed":
+        return f"trimmed to {row['draft_vocab_size'] // 1024}k tokens"
+    if kind == "lowrank":
+        label = f"SlimSpec r = {row['rank']}"
+        if row.get("rerank_k"):
+            label += f" + rerank {row['rerank_k']}"
+        return label
+    return f"full ({row.get('draft_vocab_size')} tokens)"
+
+
+def provenance_lines(d: dict) -> list[str]:
+    """Date, machine, versions, prompts and the exact command of one run, as a bullet list."""
+    p = d.get("provenance", {})
+    versions = ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items())
+    machine = d.get("machine", {})
+    load_line = (
+        f"; 1-min load average {machine['load_1m']:.2f} on {machine['cpu_count']} cores"
+        if machine.get("load_1m") is not None
+        else ""
+    )
+    lines = [
+        f"- Run: {p.get('date', '?')} on {p.get('machine', '?')}{load_line}; {versions}.",
+        f"- Target: {p.get('target', '?')}. Prompts: {p.get('prompts', '?')}.",
+        f"- Command: `{p.get('command', '?')}`.",
+    ]
+    if p.get("note"):
+        lines.append(f"- Note: {p['note']}.")
+    return lines
+
+
+def e2e_table(d: dict, compact: bool = False) -> list[str]:
+    """Markdown rows of a ``bench e2e`` result: speed, acceptance and the paper's cost model.
+
+    ``compact`` keeps the columns a reader of the README needs (the results page has them all).
+    """
+    if compact:
+        lines = [
+            "| drafter head | draft shape (auto) | tau | tokens/s | speedup vs plain | lossless |",
+            "|---|---|---|---|---|---|",
+        ]
+    else:
+        lines = [
+            "| drafter head | draft shape (auto) | tau | tokens/s | speedup vs plain | head ms/round "
+            "| round ms | lossless | nu | rho_tau | predicted rho_TPS | measured rho_TPS |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    for r in d["rows"]:
+        lossless = "-" if r.get("lossless") is None else ("yes" if r["lossless"] else "NO")
+        cells = [head_label(r), r.get("shape") or "-", fmt(r["tau"]), fmt(r["tokens_per_s"], 2)]
+        cells += [fmt(r["speedup"], 2) + "x"]
+        if not compact:
+            round_ms = sum(
+                r.get(k) or 0.0
+                for k in (
+                    "target_ms_per_round",
+                    "backbone_ms_per_round",
+                    "head_ms_per_round",
+                    "overhead_ms_per_round",
+                )
+            )
+            cells += [fmt(r.get("head_ms_per_round"), 2), fmt(round_ms, 1)]
+        cells.append(lossless)
+        if not compact:
+            cells += [fmt(r.get(k)) for k in ("nu", "rho_tau", "predicted_rho_tps", "measured_rho_tps")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def e2e_caption(d: dict) -> str:
+    """One line saying how the table was measured (greedy, batch, tokens, repeats, kappa)."""
+    cfg = d["config"]
+    run_on = cfg.get("run_on", {})
+    repeats = cfg.get("repeats", 1)
+    kappa = d.get("kappa")
+    return (
+        f"Greedy, batch {cfg['batch_size']}, {d['num_prompts']} prompts, up to {cfg['max_new_tokens']} new "
+        f"tokens, {run_on.get('device', cfg['device'])} {run_on.get('dtype', cfg['dtype'])}"
+        + (f", fastest of {repeats} interleaved runs per prompt" if repeats > 1 else "")
+        + (f", prompt lookup set by hand (`--lookup {cfg['lookup']}`)" if cfg.get("lookup") else "")
+        + f". tau = accepted drafts + 1 bonus token per target verification. kappa (full head time over "
+        f"everything else in a round) = {fmt(kappa)}."
+    )
+
+
+def results_page() -> str:
+    """The whole of ``docs/results.md``."""
+    out = [
+        "# Results",
+        "",
+        "Every table on this page is generated by `python scripts/make_docs.py` from the JSON the benchmark",
+        "wrote (under `results/`); `tests/unit/test_docs.py` regenerates the page and compares it byte for",
+        "byte. Columns: tau = accepted drafts + 1 bonus token per target verification; speedup = tokens/s",
+        "over plain decoding in the same run; nu = a head's cost over the full head's; rho_tau = its tau",
+        "over the full head's; predicted rho_TPS = rho_tau (1 + kappa) / (1 + nu kappa), the paper's cost",
+        "model (docs/method.md), against the measured ratio of tokens/s. Lossless = greedy output identical",
+        "to plain decoding on every prompt.",
+        "",
+    ]
+    for rel, title, what in SECTIONS:
+        if not (RESULTS / rel).exists():
+            continue
+        d = load(rel)
+        out += [f"## {title}", "", what, ""]
+        out += provenance_lines(d) + [""]
+        out += [e2e_caption(d), ""]
+        out += e2e_table(d) + [""]
+    kinds = kind_results()
+    if kinds:
+        out += [
+            "## SmolLM2-135M-Instruct: per kind of prompt, the defaults a user gets",
+            "",
+            "`slimspec bench e2e` with no draft flags (`--draft auto`, lookup planned), the committed demo",
+            "drafter, held-out prompts of each kind (sources in `data/README.md`).",
+            "",
+        ]
+        out += kind_table(kinds) + [""]
+        for kind, d in kinds:
+            out += [f"- {kind}: " + provenance_lines(d)[0][2:] + " " + provenance_lines(d)[2][2:]]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def kind_results() -> list[tuple[str, dict]]:
+    """Per-kind ``bench e2e`` results under ``results/smollm2/kinds/``, in a fixed order."""
+    folder = RESULTS / "smollm2" / "kinds"
+    if not folder.is_dir():
+        return []
+    found = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))}
+    order = [k for k in KIND_ORDER if k in found] + sorted(k for k in found if k not in KIND_ORDER)
+    return [(k, found[k]) for k in order]
+
+
+def kind_table(kinds: list[tuple[str, dict]]) -> list[str]:
+    """One row per kind of prompt and drafter: tau, speedup over plain and the shape auto chose."""
+    lines = [
+        "| kind of prompt | prompts | drafter head | draft shape (auto) | tau | tokens/s | speedup vs plain "
+        "| lossless |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, d in kinds:
+        for r in d["rows"]:
+            if r.get("kind") == "plain":
+                continue
+            lossless = "-" if r.get("lossless") is None else ("yes" if r["lossless"] else "NO")
+            lines.append(
+                f"| {kind} | {d['num_prompts']} | {head_label(r)} | {r.get('shape') or '-'} "
+                f"| {fmt(r['tau'])} | {fmt(r['tokens_per_s'], 2)} | {fmt(r['speedup'], 2)}x | {lossless} |"
+            )
+    return lines
+
+
+def headline_block() -> str:
+    """The README's one results table: the main job, compact, with where it was measured."""
+    d = load("smollm2/mainjob.json")
+    p = d["provenance"]
+    return "\n".join(
+        [
+            f"SmolLM2-135M-Instruct target (V = 49,152), {p['machine']}, {p['date']}, "
+            f"`{p['command']}`; {p['prompts']}.",
+            e2e_caption(d),
+            "",
+            *e2e_table(d, compact=True),
+        ]
+    )
+
+
+def card_eval_block() -> str:
+    """The demo drafter's evaluation table (its model card): the full head per kind of prompt."""
+    kinds = kind_results()
+    if not kinds:
+        d = load("smollm2/mainjob.json")
+        rows = [r for r in d["rows"] if r.get("name") == "full"]
+        return "\n".join([e2e_caption(d), "", *e2e_table({**d, "rows": rows}, compact=True)])
+    full = [(k, {**d, "rows": [r for r in d["rows"] if r.get("kind") == "full"]}) for k, d in kinds]
+    return "\n".join(kind_table(full))
+
+
+BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
+    ROOT / "README.md": {"headline": headline_block},
+    ROOT / "drafters" / "smollm2-135m-eagle3" / "README.md": {"eval": card_eval_block},
+}
+PAGES: dict[Path, Callable[[], str]] = {ROOT / "docs" / "results.md": results_page}
+
+
+def fill_blocks(text: str, blocks: dict[str, Callable[[], str]], path: Path) -> str:
+    """``text`` with each named generated block replaced by its fresh content.
+
+    Raises:
+        ValueError: if a block's markers are missing from ``path``.
+    """
+    for name, make in blocks.items():
+        pattern = re.compile(
+            rf"(<!-- BEGIN generated: {name} -->\n).*?(<!-- END generated: {name} -->)", re.DOTALL
+        )
+        if not pattern.search(text):
+            raise ValueError(f"{path}: no '<!-- BEGIN generated: {name} -->' ... END block to fill")
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2), text)
+    return text
+
+
+def expected_files() -> dict[Path, str]:
+    """Every generated file's expected content."""
+    out = {path: make() for path, make in PAGES.items()}
+    for path, blocks in BLOCKS.items():
+        out[path] = fill_blocks(path.read_text(encoding="utf-8"), blocks, path)
+    return out
+
+
+def cost_model_plot(path: Path) -> Path:
+    """``docs/img/cost_model.png``: predicted rho_TPS against kappa (paper section 3), measured kappa marked.
+
+    Curves for a head at ``nu = 1/8`` (SlimSpec at r = d/8 on a large vocabulary) keeping all, 97% and 93%
+    of the full head's tau, and the ceiling ``1 + kappa``; vertical lines at the kappa of each committed
+    main-job result and at the paper's Llama-3.1-8B figure (about 0.25, GPU, batch 1).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kappas = [i / 100 for i in range(0, 151)]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    ax.plot(kappas, [1 + k for k in kappas], color="grey", linestyle=":", label="ceiling 1 + kappa")
+    for rho_tau in (1.0, 0.97, 0.93):
+        ax.plot(
+            kappas, [rho_tau * (1 + k) / (1 + k / 8) for k in kappas], label=f"nu = 1/8, rho_tau = {rho_tau}"
+        )
+    marks = [("Llama-3.1-8B, GPU (paper)", 0.25)]
+    for rel, title, _ in SECTIONS:
+        if (RESULTS / rel).exists() and load(rel).get("kappa") is not None:
+            marks.append((title.split(":")[0].split("-")[0] + ", 2 CPU cores", load(rel)["kappa"]))
+    for label, k in marks:
+        ax.axvline(k, color="black", linewidth=0.8)
+        ax.text(k + 0.012, 2.5, label, rotation=90, fontsize=7, va="top")
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xlabel("kappa = full head time / everything else in a round")
+    ax.set_ylabel("predicted rho_TPS")
+    ax.set_title("speedup over the full head: rho_tau (1 + kappa) / (1 + nu kappa)", fontsize=9)
+    ax.set_ylim(0.85, 2.55)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or with ``--check`` compare) the generated pages; returns the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 on any difference")
+    parser.add_argument("--plots", action="store_true", help="also redraw docs/img/cost_model.png")
+    args = parser.parse_args(argv)
+    if args.plots and not args.check:
+        cost_model_plot(ROOT / "docs" / "img" / "cost_model.png")
+    stale = []
+    for path, want in expected_files().items():
+        have = path.read_text(encoding="utf-8") if path.exists() else ""
+        if have == want:
+            continue
+        stale.append(path)
+        if args.check:
+            rel = str(path.relative_to(ROOT))
+            sys.stdout.writelines(
+                difflib.unified_diff(have.splitlines(True), want.splitlines(True), rel, rel)
+            )
+        else:
+            path.write_text(want, encoding="utf-8")
+    if args.check and stale:
+        print(f"stale: {', '.join(str(p.relative_to(ROOT)) for p in stale)}; run python scripts/make_docs.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
