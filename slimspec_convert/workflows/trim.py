@@ -18,14 +18,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from slimspec_convert.atomic import check_folder_free, staged_folder
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import (
-    CONFIG_NAME,
     D2T_KEY,
     LM_HEAD_KEY,
     LM_HEAD_UP_KEY,
     T2D_KEY,
-    WEIGHTS_NAME,
 )
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.examples import encode_conversation
@@ -224,20 +223,23 @@ def trim_checkpoint(src: str | Path, out: str | Path, cfg: TrimConfig) -> TrimRe
 
     Args:
         src: SlimSpec-native drafter folder.
-        out: output folder (refused if it holds a drafter, unless ``cfg.force``).
+        out: output folder, built beside and put in place when complete (refused if it exists and is
+            not empty, unless ``cfg.force``; an existing OUT is replaced only at the end).
         cfg: :class:`~slimspec_convert.config.TrimConfig`.
 
     Returns:
         :class:`TrimReport`.
 
     Raises:
-        FileExistsError: ``out`` holds config.json or model.safetensors and force is off.
+        FileExistsError: ``out`` exists, is not empty and force is off; ``out`` is a link or a file.
+        OSError: OUT cannot be written (naming it; see docs/faults.md).
         FileNotFoundError: missing source, target or data.
         ValueError: bad data, sizes or checkpoint (:class:`CheckpointError` is a ValueError).
     """
     out = Path(out)
-    if not cfg.force and any((out / n).exists() for n in (CONFIG_NAME, WEIGHTS_NAME)):
-        raise FileExistsError(f"{out}: already holds a drafter; pass --force to overwrite")
+    # an existing empty folder (made for the result) is free; anything else needs --force
+    force = cfg.force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))
+    check_folder_free(out, force)  # before the work: a link, a read-only folder, a busy OUT fail now
     drafter = load_drafter_with_target_embeddings(src, cfg.target)
     tokenizer = load_tokenizer(cfg.target)
     calib = count_calibration_tokens(list(cfg.data), tokenizer, drafter.config.vocab_size, cfg.max_length)
@@ -254,11 +256,13 @@ def trim_checkpoint(src: str | Path, out: str | Path, cfg: TrimConfig) -> TrimRe
         calib.num_tokens,
         coverage,
     )
-    save_drafter(
-        trimmed,
-        out,
-        dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
-        include_embeddings=True,
-        extra_config={"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}},
-    )
+    meta = {"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}}
+    with staged_folder(out, force) as tmp:
+        save_drafter(
+            trimmed,
+            tmp,
+            dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
+            include_embeddings=True,
+            extra_config=meta,
+        )
     return report
