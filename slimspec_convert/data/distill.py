@@ -39,6 +39,7 @@ from slimspec_convert.data.records import (
     Message,
     _read_records,
     jsonl_lines,
+    read_text,
     record_to_conversations,
 )
 from slimspec_convert.version import __version__
@@ -219,7 +220,7 @@ def _done_keys(out: Path) -> set[str]:
     _drop_partial_tail(out)
     if not out.is_file():
         return done
-    for lineno, raw in jsonl_lines(out.read_text(encoding="utf-8")):
+    for lineno, raw in jsonl_lines(read_text(out)):
         try:
             prov = json.loads(raw)["provenance"]
         except (json.JSONDecodeError, KeyError, TypeError):
