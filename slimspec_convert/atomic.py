@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +38,14 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
+
+# Fault injection for tests/faults (docs/faults.md): SLIMSPEC_FAULT=<action>:<point> makes this process
+# SIGKILL or SIGSTOP itself at that point of a write, so the real command can be killed, or held
+# while a second one runs, at an exact moment. Points: lock (OUT's lock taken), built (the build
+# folder is complete, not yet in place), swapped (the new folder is in place, the old one not yet
+# deleted), file (a temp file is written, not yet renamed).
+FAULT_ENV = "SLIMSPEC_FAULT"
+FAULT_POINTS = ("lock", "built", "swapped", "file")
 _AT_FDCWD = -100
 
 
@@ -120,6 +129,17 @@ def _remove_empty(folders: list[Path]) -> None:
             f.rmdir()
 
 
+_FAULTS_FIRED: set[str] = set()
+
+
+def _fault(point: str) -> None:
+    """SIGKILL / SIGSTOP this process the first time it reaches ``point``, when ``$SLIMSPEC_FAULT`` asks."""
+    action, _, at = os.environ.get(FAULT_ENV, "").partition(":")
+    if at == point and action in ("kill", "stop") and point not in _FAULTS_FIRED:
+        _FAULTS_FIRED.add(point)
+        os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -152,6 +172,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         _honour_umask(Path(tmp), directory=False)
         yield Path(tmp)
         _honour_umask(Path(tmp), directory=False)  # again: a writer may have recreated it (safetensors: 0600)
+        _fault("file")
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
@@ -362,6 +383,7 @@ def folder_lock(out: Path) -> Iterator[None]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _fault("lock")
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -377,6 +399,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
     at once; a kill leaves only the backup, which :func:`recover_folder` restores at the next run.
     """
     if _exchange(tmp, out):  # OUT now holds the new folder, tmp the old one
+        _fault("swapped")
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
         return
     old = out.parent / f".{out.name}.old-{os.getpid()}"
@@ -389,6 +412,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
         if moved and not out.exists():
             os.replace(old, out)
         raise
+    _fault("swapped")
     shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
@@ -426,6 +450,7 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
             yield tmp
             for p in tmp.rglob("*"):  # writers inside may not honour it (safetensors' save_file: 0600)
                 _honour_umask(p, directory=p.is_dir())
+            _fault("built")
             check_folder_path(out)  # a link may have appeared meanwhile
             if not out.exists():
                 os.replace(tmp, out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -87,6 +88,25 @@ def assess_machine(
     return MachineState(load_1m, cpu_count, spread, bool(reasons), "; ".join(reasons) or None)
 
 
+def read_runnable_others(samples: int = 5, interval_s: float = 0.02) -> int | None:
+    """Processes runnable right now besides this one (``/proc/loadavg``'s 4th field), the median of a
+    few readings; None where there is no ``/proc/loadavg``.
+
+    The 1-min load average lags: two jobs started 10 s ago add only ~0.3 to it. The runnable count
+    sees them at once (it includes the reading process itself, hence the minus one).
+    """
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return max(0, int(statistics.median(counts)))
+
+
 def read_load_1m() -> float | None:
     """The 1-min load average, None where ``os.getloadavg`` is unavailable."""
     try:
@@ -121,13 +141,15 @@ class ThreadChoice:
         threads: the number set (``torch.set_num_threads``).
         cores: usable cores (:func:`usable_cores`).
         load_1m: the 1-min load average read at start (None where unknown).
-        asked: True when ``--threads`` gave the number.
+        asked: True when ``--threads`` (or ``$OMP_NUM_THREADS``) gave the number.
+        runnable: other processes runnable at start (:func:`read_runnable_others`; None where unknown).
     """
 
     threads: int
     cores: int
     load_1m: float | None
     asked: bool
+    runnable: int | None = None
 
     @property
     def reduced(self) -> bool:
@@ -137,9 +159,10 @@ class ThreadChoice:
     def summary(self) -> str:
         """One line: the choice and the reading behind it."""
         load = "unknown" if self.load_1m is None else f"{self.load_1m:.2f}"
+        now = "" if self.runnable is None else f", {self.runnable} other processes runnable"
         return (
-            f"threads: {self.threads} of {self.cores} cores (1-min load average {load} at start: other "
-            "work holds the rest; pass --threads N to choose)"
+            f"threads: {self.threads} of {self.cores} cores (1-min load average {load}{now} at start: "
+            "other work holds the rest; pass --threads N to choose)"
         )
 
 
@@ -165,12 +188,12 @@ def default_threads(load_1m: float | None, cores: int) -> int:
 
 def choose_threads(asked: int | None) -> ThreadChoice:
     """``--threads``: the number asked, else ``$OMP_NUM_THREADS`` when set (torch's own rule), else
-    :func:`default_threads` of this machine now.
+    :func:`default_threads` of the larger of the 1-min load average and the processes runnable now.
 
     Raises:
         ValueError: ``asked < 1``, or ``$OMP_NUM_THREADS`` not a positive integer.
     """
-    cores, load = usable_cores(), read_load_1m()
+    cores, load, runnable = usable_cores(), read_load_1m(), read_runnable_others()
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if asked is None and env:
         if not env.isdigit() or int(env) < 1:
@@ -179,8 +202,9 @@ def choose_threads(asked: int | None) -> ThreadChoice:
     if asked is not None:
         if asked < 1:
             raise ValueError(f"--threads={asked}: expected >= 1")
-        return ThreadChoice(asked, cores, load, True)
-    return ThreadChoice(default_threads(load, cores), cores, load, False)
+        return ThreadChoice(asked, cores, load, True, runnable)
+    busy = max(x for x in (load, runnable, 0.0) if x is not None)  # the lagging average or now
+    return ThreadChoice(default_threads(busy, cores), cores, load, False, runnable)
 
 
 def timing_machine(load_before: float | None, threads: int) -> MachineState:
