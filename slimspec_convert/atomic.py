@@ -327,6 +327,33 @@ def check_folder_free(out: Path, force: bool) -> list[str]:
         raise mapped from err
 
 
+@contextlib.contextmanager
+def claim_folder(out: Path, force: bool) -> Iterator[list[str]]:
+    """:func:`check_folder_free`, then hold OUT's lock until the block ends (a whole command's run).
+
+    A :func:`staged_folder` inside the block reuses the lock, so no other process can start writing
+    OUT between this check and the swap.
+
+    Yields:
+        What :func:`recover_folder` found and did, one line each.
+
+    Raises:
+        As :func:`check_folder_free`; an ``OSError`` raised in the block without a path names ``out``.
+    """
+    out = Path(out)
+    check_folder_path(out)
+    made = _make_parents(out.parent)
+    try:
+        with folder_lock(out):
+            yield _check_free(out, force)
+    except BaseException as err:
+        _remove_empty(made)
+        mapped = write_error(err, out, (lock_path(out),))
+        if mapped is err:
+            raise
+        raise mapped from err
+
+
 def _check_free(out: Path, force: bool) -> list[str]:
     """Repair leftovers of an interrupted replace (:func:`recover_folder`), then refuse an existing OUT.
 
@@ -342,6 +369,9 @@ def _check_free(out: Path, force: bool) -> list[str]:
     return found
 
 
+_HELD: dict[str, int] = {}  # lock files this process holds -> nesting depth
+
+
 def lock_path(out: Path) -> Path:
     """The lock file of OUT: ``.OUT.lock`` beside it."""
     return out.parent / f".{out.name}.lock"
@@ -352,13 +382,23 @@ def folder_lock(out: Path) -> Iterator[None]:
     """Hold OUT's lock (``flock`` on ``.OUT.lock``, holding this process's pid) or fail at once.
 
     The lock file is removed on release. A lock file left by a killed process holds no lock (the
-    kernel drops ``flock`` locks with their process), so the next run takes it over.
+    kernel drops ``flock`` locks with their process), so the next run takes it over. Re-entrant
+    within a process: a command holds it over its whole run (``convert``: from the first check,
+    through the calibration, to the swap) and :func:`staged_folder` inside takes it again for free.
 
     Raises:
         FolderBusyError: another live process holds it (its pid in the message).
         OSError: the lock file cannot be created (read-only or full file system, no permission).
     """
     path = lock_path(out)
+    key = os.path.abspath(path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         try:
@@ -384,8 +424,10 @@ def folder_lock(out: Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _fault("lock")
+        _HELD[key] = 1
         yield
     finally:
+        _HELD.pop(key, None)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from slimspec_convert.atomic import check_folder_free, staged_folder
+from slimspec_convert.atomic import claim_folder, staged_folder
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import (
     D2T_KEY,
@@ -239,30 +239,35 @@ def trim_checkpoint(src: str | Path, out: str | Path, cfg: TrimConfig) -> TrimRe
     out = Path(out)
     # an existing empty folder (made for the result) is free; anything else needs --force
     force = cfg.force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))
-    check_folder_free(out, force)  # before the work: a link, a read-only folder, a busy OUT fail now
-    drafter = load_drafter_with_target_embeddings(src, cfg.target)
-    tokenizer = load_tokenizer(cfg.target)
-    calib = count_calibration_tokens(list(cfg.data), tokenizer, drafter.config.vocab_size, cfg.max_length)
-    trimmed = trim_drafter(drafter, calib.counts, cfg.draft_vocab_size)
-    kept = draft_to_target_ids(trimmed.d2t) if trimmed.d2t is not None else torch.arange(calib.counts.numel())
-    coverage = float(calib.counts[kept].sum()) / calib.num_tokens
-    report = TrimReport(
-        str(out),
-        drafter.config.vocab_size,
-        cfg.draft_vocab_size,
-        drafter.config.draft_vocab_size,
-        calib.num_conversations,
-        calib.num_prompt_only,
-        calib.num_tokens,
-        coverage,
-    )
-    meta = {"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}}
-    with staged_folder(out, force) as tmp:
-        save_drafter(
-            trimmed,
-            tmp,
-            dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
-            include_embeddings=True,
-            extra_config=meta,
+    # OUT is locked from this check to the swap; a link or a read-only OUT fails now, before the work
+    with claim_folder(out, force):
+        drafter = load_drafter_with_target_embeddings(src, cfg.target)
+        tokenizer = load_tokenizer(cfg.target)
+        calib = count_calibration_tokens(list(cfg.data), tokenizer, drafter.config.vocab_size, cfg.max_length)
+        trimmed = trim_drafter(drafter, calib.counts, cfg.draft_vocab_size)
+        kept = (
+            draft_to_target_ids(trimmed.d2t)
+            if trimmed.d2t is not None
+            else torch.arange(calib.counts.numel())
         )
-    return report
+        coverage = float(calib.counts[kept].sum()) / calib.num_tokens
+        report = TrimReport(
+            str(out),
+            drafter.config.vocab_size,
+            cfg.draft_vocab_size,
+            drafter.config.draft_vocab_size,
+            calib.num_conversations,
+            calib.num_prompt_only,
+            calib.num_tokens,
+            coverage,
+        )
+        meta = {"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}}
+        with staged_folder(out, force) as tmp:
+            save_drafter(
+                trimmed,
+                tmp,
+                dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
+                include_embeddings=True,
+                extra_config=meta,
+            )
+        return report
