@@ -33,7 +33,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,14 @@ def write_error(err: BaseException, path: Path, temps: tuple[Path, ...] = ()) ->
     if code is None:
         return err
     return OSError(code, os.strerror(code), str(path))
+
+
+def _raise_write_error(err: BaseException, path: Path, temps: tuple[Path, ...] = ()) -> NoReturn:
+    """Re-raise ``err`` (inside its ``except``), as :func:`write_error` re-aims it when it does."""
+    mapped = write_error(err, path, temps)
+    if mapped is err:
+        raise err
+    raise mapped from err
 
 
 def check_folder_path(out: Path) -> None:
@@ -159,14 +167,18 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
     Yields:
         The temporary file's path (exists, empty, mode 0666 & ~umask).
+
+    Raises:
+        OSError: the write failed; one about the temp file or without a file name names ``path``
+            (errno kept), after the temp file and the folders this call created are removed.
     """
     path = Path(path)
     made = _make_parents(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except BaseException as err:
+    except BaseException as err:  # the folder refuses the temp file (read-only, no permission, full)
         _remove_empty(made)
-        raise write_error(err, path) from err
+        _raise_write_error(err, path, (path.parent,))
     os.close(fd)
     try:
         _honour_umask(Path(tmp), directory=False)
@@ -177,10 +189,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         _remove_empty(made)
-        mapped = write_error(err, path, (Path(tmp),))
-        if mapped is err:
-            raise
-        raise mapped from err
+        _raise_write_error(err, path, (Path(tmp),))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -313,18 +322,8 @@ def check_folder_free(out: Path, force: bool) -> list[str]:
         FileExistsError: ``out`` exists and ``force`` is off (the message includes what was found).
         NotAFolderError, FolderBusyError, OSError: as :func:`staged_folder`.
     """
-    out = Path(out)
-    check_folder_path(out)
-    made = _make_parents(out.parent)
-    try:
-        with folder_lock(out):
-            return _check_free(out, force)
-    except BaseException as err:
-        _remove_empty(made)
-        mapped = write_error(err, out, (lock_path(out),))
-        if mapped is err:
-            raise
-        raise mapped from err
+    with claim_folder(out, force) as found:
+        return found
 
 
 @contextlib.contextmanager
@@ -348,10 +347,7 @@ def claim_folder(out: Path, force: bool) -> Iterator[list[str]]:
             yield _check_free(out, force)
     except BaseException as err:
         _remove_empty(made)
-        mapped = write_error(err, out, (lock_path(out),))
-        if mapped is err:
-            raise
-        raise mapped from err
+        _raise_write_error(err, out, (lock_path(out),))
 
 
 def _check_free(out: Path, force: bool) -> list[str]:
@@ -504,10 +500,7 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(made)
-        mapped = write_error(err, out, (lock_path(out),) + ((tmp,) if tmp is not None else ()))
-        if mapped is err:
-            raise
-        raise mapped from err
+        _raise_write_error(err, out, (lock_path(out),) + ((tmp,) if tmp is not None else ()))
 
 
 @contextlib.contextmanager
@@ -541,7 +534,4 @@ def working_folder(out: Path, keep: Callable[[Path], bool]) -> Iterator[Path]:
         if made and made[-1] == out and not keep(out):
             shutil.rmtree(out, ignore_errors=True)
             _remove_empty(made[:-1])
-        mapped = write_error(err, out, (lock_path(out),))
-        if mapped is err:
-            raise
-        raise mapped from err
+        _raise_write_error(err, out, (lock_path(out),))
