@@ -37,6 +37,7 @@ SPIN = "while True: pass"
 
 def progress_run(cmd: list[str], env: dict) -> dict:
     """Run ``cmd``; return its wall time, exit code and the times (s from start) its progress moved."""
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     moves: list[tuple[float, str]] = []
@@ -74,7 +75,8 @@ def progress_run(cmd: list[str], env: dict) -> dict:
         "threads_line": next((x for x in tail if x.startswith("threads:")), None),
         "stdout_tail": stdout.strip().splitlines()[-3:],
         "stderr_tail": tail[-3:],
-        "load_before": os.getloadavg(),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
     }
 
 
