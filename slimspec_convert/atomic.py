@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import glob
 import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import tempfile
@@ -97,6 +99,32 @@ def _raise_write_error(err: BaseException, path: Path, temps: tuple[Path, ...] =
     if mapped is err:
         raise err
     raise mapped from err
+
+
+def _limit_hit(written: list[Path]) -> int | None:
+    """EFBIG or ENOSPC when a failed write's files hit the file-size limit or filled the disk, else None.
+
+    Some writers report a short write in their own words (torch.save: ``RuntimeError: [enforce fail
+    at inline_container.cc] unexpected pos ...``); the files they left say what happened.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    for f in written:
+        with contextlib.suppress(OSError):
+            if soft != resource.RLIM_INFINITY and f.is_file() and f.stat().st_size >= soft:
+                return errno.EFBIG
+            if os.statvfs(f.parent).f_bavail == 0:
+                return errno.ENOSPC
+    return None
+
+
+def _raise_failed_write(err: BaseException, path: Path, temps: tuple[Path, ...]) -> NoReturn:
+    """:func:`_raise_write_error`, and a writer's own short-write error as EFBIG/ENOSPC naming ``path``
+    (:func:`_limit_hit`; call it before the temp entries are removed)."""
+    if not isinstance(err, (OSError, KeyboardInterrupt)) and type(err).__name__ != "SafetensorError":
+        files = [f for t in temps for f in ([t] if t.is_file() else t.rglob("*") if t.is_dir() else [])]
+        if (code := _limit_hit(files)) is not None:
+            raise OSError(code, os.strerror(code), str(path)) from err
+    _raise_write_error(err, path, temps)
 
 
 def check_folder_path(out: Path) -> None:
@@ -187,9 +215,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
         _fault("file")
         os.replace(tmp, path)
     except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        _remove_empty(made)
-        _raise_write_error(err, path, (Path(tmp),))
+        try:
+            _raise_failed_write(err, path, (Path(tmp),))
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+            _remove_empty(made)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

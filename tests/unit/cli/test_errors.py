@@ -73,3 +73,45 @@ def test_write_errors_name_the_final_path_not_the_temp_one():
         "safetensors: Error while deserializing header: HeaderTooLarge; not a readable safetensors file "
         "(re-download or re-export it)"
     )
+
+
+def test_a_writers_own_short_write_error_under_a_size_limit_becomes_efbig(tmp_path):
+    """torch.save reports a write past ``ulimit -f`` as ``RuntimeError: ... unexpected pos``; the temp
+    file at the limit says what happened. Run in a child with a 16 KiB RLIMIT_FSIZE (atomic.py alone)."""
+    import resource
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.helpers.models import REPO
+
+    child = textwrap.dedent(
+        """
+        import importlib.util, os, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        spec = importlib.util.spec_from_file_location("atomic", sys.argv[1])
+        atomic = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(atomic)
+        try:
+            with atomic.atomic_path(sys.argv[2]) as tmp:
+                with open(tmp, "wb") as f:
+                    try:
+                        f.write(b"x" * 40000)
+                        f.flush()
+                    except OSError:
+                        raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos 704")
+        except OSError as e:
+            print(e.errno, e.filename)
+        """
+    )
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+    out = tmp_path / "new" / "training_state.pt"
+    res = subprocess.run(
+        [sys.executable, "-c", child, str(REPO / "slimspec_convert" / "atomic.py"), str(out)],
+        capture_output=True, text=True, preexec_fn=limit, timeout=60,
+    )  # fmt: skip
+    assert res.stdout.split() == [str(errno.EFBIG), str(out)], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the temp file and the folder made for it: gone
