@@ -168,22 +168,23 @@ def writable_again(folder: Path) -> None:
         p.chmod(p.stat().st_mode | 0o200)
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_read_only_out_parent(models, tmp_path, command):
+def test_read_only_out_parent(models, tmp_path):
+    """convert, trim and finetune (run at once) into a read-only folder: one line each, nothing made."""
     parent = tmp_path / "ro"
     parent.mkdir()
     prefix, meaning = read_only(parent)
-    res = run(COMMANDS[command](models, parent / "out"), tmp_path, prefix=prefix)
+    jobs = {
+        name: start(make(models, parent / name), tmp_path, prefix=prefix) for name, make in COMMANDS.items()
+    }
+    res = {name: finish(job) for name, job in jobs.items()}
     writable_again(parent)
-    assert error_line(res) == (
-        f"error: {parent / 'out'}: {meaning}; "
-        + (
-            "write to a folder on a writable file system"
-            if "EROFS" in meaning
-            else "make it writable for this"
-        )
-        + ("" if "EROFS" in meaning else " user (chmod) or choose another path")
+    advice = (
+        "write to a folder on a writable file system"
+        if "EROFS" in meaning
+        else "make it writable for this user (chmod) or choose another path"
     )
+    for name, r in res.items():
+        assert error_line(r) == f"error: {parent / name}: {meaning}; {advice}"
     assert listing(parent) == []
 
 
@@ -278,28 +279,40 @@ def _rank(out: Path) -> int:
     return json.loads((out / "config.json").read_text())["lm_head_rank"]
 
 
-@pytest.mark.parametrize("point", ["lock", "file", "built", "swapped"])
-def test_sigkill_inside_a_save_then_the_next_run_cleans_up(models, tmp_path, point):
-    work = tmp_path / "w"
-    work.mkdir()
-    out = work / "out"
-    old = old_out(models, out)  # rank 4
-    proc = start(convert(models, out, "--rank", "8", "--force"), tmp_path, fault=f"kill:{point}")
-    assert finish(proc).returncode == -signal.SIGKILL
-    tmp = [n for n in listing(work) if n.startswith(f".out.tmp-{proc.pid}-")]
-    left = {"lock": [], "file": tmp, "built": tmp, "swapped": tmp}[point]
-    assert len(left) == (0 if point == "lock" else 1)
-    assert listing(work) == sorted([".out.lock", "out", *left])
-    if point == "swapped":  # the new folder is in place; the build name holds the old one
-        assert _rank(out) == 8 and snapshot(work / left[0]) == old
-    else:
-        assert snapshot(out) == old
-    again = run(convert(models, out, "--rank", "8", "--force"), tmp_path)
-    assert again.returncode == 0, again.stderr
-    found = [f"{out}: took over .out.lock left by process {proc.pid}, which no longer runs"]
-    found += [f"{out}: removed {n}, a build folder of an interrupted run" for n in left]
-    assert [x for x in again.stderr.splitlines() if "interrupted run" in x or "took over" in x] == found
-    assert listing(work) == ["out"] and _rank(out) == 8
+KILL_POINTS = ("lock", "file", "built", "swapped")
+
+
+def test_sigkill_inside_a_save_then_the_next_run_cleans_up(models, tmp_path):
+    """convert --force killed at each point of a save (four runs at once, one folder each): OUT holds
+    the complete old (or, once swapped, the complete new) folder; the next run cleans up and says so."""
+    outs = {point: tmp_path / point / "out" for point in KILL_POINTS}
+    old = {point: old_out(models, out) for point, out in outs.items()}  # rank 4
+    procs = {
+        point: start(convert(models, out, "--rank", "8", "--force"), tmp_path, fault=f"kill:{point}")
+        for point, out in outs.items()
+    }
+    for proc in procs.values():
+        assert finish(proc).returncode == -signal.SIGKILL
+    left = {}
+    for point, out in outs.items():
+        work, pid = out.parent, procs[point].pid
+        left[point] = [n for n in listing(work) if n.startswith(f".out.tmp-{pid}-")]
+        assert len(left[point]) == (0 if point == "lock" else 1), (point, listing(work))
+        assert listing(work) == sorted([".out.lock", "out", *left[point]]), point
+        if point == "swapped":  # the new folder is in place; the build name holds the old one
+            assert _rank(out) == 8 and snapshot(work / left[point][0]) == old[point]
+        else:
+            assert snapshot(out) == old[point], point
+    again = {
+        point: start(convert(models, out, "--rank", "8", "--force"), tmp_path) for point, out in outs.items()
+    }
+    for point, proc in again.items():
+        res, out, pid = finish(proc), outs[point], procs[point].pid
+        assert res.returncode == 0, res.stderr
+        found = [f"{out}: took over .out.lock left by process {pid}, which no longer runs"]
+        found += [f"{out}: removed {n}, a build folder of an interrupted run" for n in left[point]]
+        assert [x for x in res.stderr.splitlines() if "interrupted run" in x or "took over" in x] == found
+        assert listing(out.parent) == ["out"] and _rank(out) == 8
 
 
 def test_sigterm_inside_a_save_leaves_the_old_out(models, tmp_path):
