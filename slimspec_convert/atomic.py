@@ -118,8 +118,7 @@ def _limit_hit(written: list[Path]) -> int | None:
 
 
 def _raise_failed_write(err: BaseException, path: Path, temps: tuple[Path, ...]) -> NoReturn:
-    """:func:`_raise_write_error`, and a writer's own short-write error as EFBIG/ENOSPC naming ``path``
-    (:func:`_limit_hit`; call it before the temp entries are removed)."""
+    """:func:`_raise_write_error`; a writer's own short-write error as EFBIG/ENOSPC (:func:`_limit_hit`)."""
     if not isinstance(err, (OSError, KeyboardInterrupt)) and type(err).__name__ != "SafetensorError":
         files = [f for t in temps for f in ([t] if t.is_file() else t.rglob("*") if t.is_dir() else [])]
         if (code := _limit_hit(files)) is not None:
@@ -338,36 +337,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check_folder_free(out: Path, force: bool) -> list[str]:
-    """Before the work: OUT is a folder path, writable, not being written, and free (or ``force``).
-
-    Checks what :func:`staged_folder` would refuse at the end, so a long run fails in its first
-    second: a link or file as OUT, a folder nobody may write into (the lock file is created and
-    removed again), another process writing OUT. Then :func:`_check_free`.
-
-    Returns:
-        What :func:`recover_folder` found and did, one line each.
-
-    Raises:
-        FileExistsError: ``out`` exists and ``force`` is off (the message includes what was found).
-        NotAFolderError, FolderBusyError, OSError: as :func:`staged_folder`.
-    """
-    with claim_folder(out, force) as found:
-        return found
-
-
 @contextlib.contextmanager
 def claim_folder(out: Path, force: bool) -> Iterator[list[str]]:
-    """:func:`check_folder_free`, then hold OUT's lock until the block ends (a whole command's run).
-
-    A :func:`staged_folder` inside the block reuses the lock, so no other process can start writing
-    OUT between this check and the swap.
+    """Before the work, check OUT as :func:`staged_folder` will at the end, then hold its lock until
+    the block ends (a whole command's run), so a long run fails in its first second: a link or file
+    as OUT, a folder nobody may write into, another process writing OUT, an existing OUT without
+    ``force``. A :func:`staged_folder` inside the block reuses the lock.
 
     Yields:
         What :func:`recover_folder` found and did, one line each.
 
     Raises:
-        As :func:`check_folder_free`; an ``OSError`` raised in the block without a path names ``out``.
+        FileExistsError, NotAFolderError, FolderBusyError, OSError: as :func:`staged_folder`.
     """
     out = Path(out)
     check_folder_path(out)
@@ -537,10 +518,8 @@ def staged_folder(out: Path, force: bool = False) -> Iterator[Path]:
 def working_folder(out: Path, keep: Callable[[Path], bool]) -> Iterator[Path]:
     """A folder a long run writes into as it goes (``finetune``: data caches, checkpoints, the drafter).
 
-    OUT's lock is held while the body runs (a second run into the same OUT fails at once). On a
-    failure, an OUT this call created is removed again unless ``keep(out)`` says it holds something
-    worth resuming (e.g. a training state); the parents this call created go with it. Each file in it
-    is written atomically by its writer, so a kept OUT holds complete files only.
+    OUT's lock is held while the body runs. On a failure, an OUT this call created is removed again
+    (with the parents it created) unless ``keep(out)`` says it holds something worth resuming.
 
     Args:
         out: the folder (created if missing).
