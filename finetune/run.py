@@ -3,6 +3,7 @@ drafter for a target that has none). Paths in, a :class:`~finetune.loop.TrainRes
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 
 from finetune.config import FinetuneConfig
 from finetune.onpolicy import chain_scorer, measure_kept, prepare_onpolicy
-from finetune.train.distributed import maybe_init_distributed
+from finetune.train.distributed import maybe_init_distributed, world
 from finetune.train.init import new_drafter_for_target
 from finetune.train.params import copy_head
 from finetune.train.trainer import (
@@ -20,7 +21,7 @@ from finetune.train.trainer import (
     Trainer,
     TrainResult,
 )
-from slimspec_convert.atomic import atomic_write_json
+from slimspec_convert.atomic import atomic_write_json, working_folder
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.examples import load_examples, split_heldout, token_counts
 from slimspec_convert.data.records import DataStats
@@ -41,6 +42,18 @@ def _check_out(out: Path, resume: bool, force: bool) -> None:
         )
     if resume and not (out / STATE_NAME).is_file():
         logger.warning("%s: no %s to resume from; starting fresh", out, STATE_NAME)
+
+
+def _resumable(out: Path) -> bool:
+    """After a failure: keep an OUT this run created only when it holds a training state to resume."""
+    return (out / STATE_NAME).is_file()
+
+
+def _out_folder(out: Path):
+    """OUT as a :func:`~slimspec_convert.atomic.working_folder` (locked; removed again after a failure
+    unless resumable); in a multi-process run only rank 0 holds it."""
+    rank = world()[0]
+    return working_folder(out, keep=_resumable) if rank == 0 else contextlib.nullcontext(out)
 
 
 def _meta(kind: str, target: str, data: list, cfg: FinetuneConfig, stats: DataStats) -> dict[str, Any]:
@@ -78,13 +91,14 @@ def train_drafter(
     cfg = cfg if cfg is not None else FinetuneConfig.for_new_drafter()
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target, cfg.dtype, cfg.device)
-    aux = default_aux_boundaries(num_target_layers(model))  # what new_drafter_for_target reads
-    runs = _data(model, tok, aux, data, out, cfg, eval_data, self_distill)
-    counts = token_counts(runs.train, int(model.config.vocab_size)) if draft_vocab_size else None
-    drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed).to(model.device)
-    meta = _meta("train-drafter", str(target), data, cfg, runs.stats)
-    return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
+    with _out_folder(out):
+        model, tok = load_target(target, cfg.dtype, cfg.device)
+        aux = default_aux_boundaries(num_target_layers(model))  # what new_drafter_for_target reads
+        runs = _data(model, tok, aux, data, out, cfg, eval_data, self_distill)
+        counts = token_counts(runs.train, int(model.config.vocab_size)) if draft_vocab_size else None
+        drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed).to(model.device)
+        meta = _meta("train-drafter", str(target), data, cfg, runs.stats)
+        return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
 
 
 def _train_eval(tok, examples, eval_data, cfg):
@@ -128,22 +142,23 @@ def finetune(
     out = Path(out)
     maybe_init_distributed()
     _check_out(out, resume, force)
-    model, tok = load_target(target, cfg.dtype, cfg.device)
-    drafter, _ = load_drafter(drafter_path, target=model)
-    drafter = drafter.float().to(model.device)  # trained parameters stay float32 (autocast on CUDA)
-    teacher_head = None
-    if cfg.teacher == "drafter":
-        if teacher_drafter is None:
-            raise ValueError(
-                "--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)"
-            )
-        teacher, _ = load_drafter(teacher_drafter, target=model)
-        teacher_head = copy_head(teacher.float().to(model.device))
-    runs = _data(
-        model, tok, resolve_aux_layers(drafter.config, model), data, out, cfg, eval_data, self_distill
-    )
-    meta = _meta("finetune", str(target), data, cfg, runs.stats)
-    return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta, teacher_head=teacher_head)
+    with _out_folder(out):
+        model, tok = load_target(target, cfg.dtype, cfg.device)
+        drafter, _ = load_drafter(drafter_path, target=model)
+        drafter = drafter.float().to(model.device)  # trained parameters stay float32 (autocast on CUDA)
+        teacher_head = None
+        if cfg.teacher == "drafter":
+            if teacher_drafter is None:
+                raise ValueError(
+                    "--teacher drafter needs --teacher-drafter PATH (the original full-head drafter)"
+                )
+            teacher, _ = load_drafter(teacher_drafter, target=model)
+            teacher_head = copy_head(teacher.float().to(model.device))
+        runs = _data(
+            model, tok, resolve_aux_layers(drafter.config, model), data, out, cfg, eval_data, self_distill
+        )
+        meta = _meta("finetune", str(target), data, cfg, runs.stats)
+        return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta, teacher_head=teacher_head)
 
 
 @dataclass

@@ -180,7 +180,9 @@ def _rope(ctx: ConfigContext) -> tuple[float, dict[str, Any] | None]:
         extra = {k: v for k, v in params.items() if k != "rope_theta"}
         return theta, extra if extra.get("rope_type", extra.get("type", "default")) != "default" else None
     if "rope_theta" not in flat:
-        ctx.warnings.append(f"rope_theta absent: the drafter's RoPE uses theta={DEFAULT_ROPE_THETA} (P15)")
+        ctx.warnings.append(
+            f"rope_theta absent: the drafter's RoPE uses theta={DEFAULT_ROPE_THETA} (the Llama default)"
+        )
     scaling = flat.get("rope_scaling") or None
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
@@ -206,9 +208,7 @@ def _head(ctx: ConfigContext, d: int, vocab: int) -> tuple[int | None, int, bool
         rows = t[LM_HEAD_KEY].shape[0]
     else:
         missing, rows = True, flat.get("draft_vocab_size") or vocab
-        ctx.warnings.append(
-            "no lm_head in the file: engines share the target's head (P12); it must be borrowed"
-        )
+        ctx.warnings.append("no lm_head in the file: engines share the target's head; it must be borrowed")
     declared = flat.get("draft_vocab_size", flat.get("truncated_vocab_size"))
     if declared is not None and declared != rows:
         origin = t[LM_HEAD_UP_KEY if head_rank else LM_HEAD_KEY].origin
@@ -306,7 +306,7 @@ def _norm_output(ctx: ConfigContext, semantics: str) -> tuple[bool, bool, str | 
         return bool(value), has_final, semantics
     # SpecForge <= 0.2.0: norm_output = apply the final norm before lm_head; recurrence always pre-norm.
     ctx.warnings.append(
-        f"norm_output={value} read with SpecForge <= 0.2.0 semantics (P7); pass "
+        f"norm_output={value} read with SpecForge <= 0.2.0 semantics; pass "
         "norm_output_semantics='engine' for drafts trained after SpecForge PR #879"
     )
     if not value:
@@ -332,7 +332,7 @@ def _flags(ctx: ConfigContext, semantics: str) -> tuple[dict[str, Any], str | No
     nbr = ctx.flat.get("norm_before_residual")
     if nbr is None:
         nbr = ctx.fmt == "speculators"  # vLLM assumes true for speculators configs without the field (P8)
-        ctx.warnings.append(f"norm_before_residual absent: {nbr} ({ctx.fmt} default, eagle3-formats.md P8)")
+        ctx.warnings.append(f"norm_before_residual absent: {nbr} ({ctx.fmt} default)")
     out["norm_before_residual"] = bool(nbr)
     postnorm, has_final, used = _norm_output(ctx, semantics)
     if not has_final and NORM_KEY in ctx.tensors and NORM_KEY not in ctx.ignored:
@@ -363,7 +363,7 @@ def drafter_config(
     """
     if ctx.flat.get("tie_word_embeddings"):
         raise CheckpointError(
-            f"{ctx.where}: tie_word_embeddings=true would make engines use the embedding as the head (P11); "
+            f"{ctx.where}: tie_word_embeddings=true would make engines use the embedding as the head; "
             "set it to false in config.json if lm_head.weight is the trained head"
         )
     if ctx.eagle_config.get("use_input_layernorm_in_first_layer") is False:

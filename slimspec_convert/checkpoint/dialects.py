@@ -82,7 +82,7 @@ _MODELOPT_KEYS = (
 
 
 _HINTS = (  # unexpected key fragment -> what it means
-    ("_scale", "a quantised export (eagle3-formats.md P19): dequantise it first"),
+    ("_scale", "a quantised export: dequantise it first"),
     ("parallel_draft_heads", "ModelOpt parallel draft heads (parallel_draft_step > 1) are not supported"),
     ("q_norm", "Qwen3-type draft layers (q/k norms) are not supported"),
     ("k_norm", "Qwen3-type draft layers (q/k norms) are not supported"),
@@ -253,7 +253,7 @@ def resolve_checkpoint(
     if config.get("quantization_config") or any(k.endswith("_scale") for k in refs):
         raise CheckpointError(
             f"{where}: a quantised export (quantization_config / *_scale tensors); "
-            "dequantise it before converting (eagle3-formats.md P19)"
+            "dequantise it before converting"
         )
     if fmt == "slimspec":
         ctx = ConfigContext(config, fmt, where, _map_keys(refs, fmt, 0, 0, 0))

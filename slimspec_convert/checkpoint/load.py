@@ -250,15 +250,35 @@ def borrow(key: str, res: ResolvedCheckpoint, tgt: TargetTensors | None) -> Tens
             t = t[draft_to_target_ids(res.tensors[D2T_KEY].load())]  # rows i + d2t[i]
     want = expected_shapes(cfg)[key][0]
     if tuple(t.shape) != want:
-        raise CheckpointError(
-            f"target {tgt.description}: its table has shape {list(t.shape)}, the drafter needs "
-            f"'{key}' {list(want)} (target hidden size != drafter hidden size?)"
-        )
+        raise CheckpointError(f"target {tgt.description}: {_borrow_mismatch(key, tuple(t.shape), want, cfg)}")
     if bad := count_nonfinite(t):
         raise CheckpointError(f"target {tgt.description}: its '{key}' table has {bad} NaN/inf entries")
     res.report.borrowed.append(key)
     res.report.tensors[key] = f"borrowed from target {tgt.description}"
     return t
+
+
+def _borrow_mismatch(key: str, got: tuple[int, ...], want: tuple[int, ...], cfg) -> str:
+    """Which field makes a target's table unfit for the drafter, with both values and the fix."""
+    if len(got) != 2 or len(want) != 2:
+        return f"its '{key}' table has shape {list(got)}, the drafter needs {list(want)}"
+    rows = "draft_vocab_size" if key != EMBED_KEY and cfg.is_trimmed else "vocab_size"
+    why = []
+    if got[0] != want[0]:
+        why.append(
+            f"vocab_size differs: the target's config.json vocab_size={got[0]}, the drafter's "
+            f"config.json {rows}={want[0]}"
+        )
+    if got[1] != want[1]:
+        why.append(
+            f"hidden_size differs: the target's {got[1]}, the drafter's config.json hidden_size={want[1]}"
+        )
+    fix = (
+        "is --target the target this drafter was trained for?"
+        if got[0] != want[0]
+        else f"the drafter must carry its own '{key}' in its file"
+    )
+    return f"its '{key}' table has shape {list(got)}, the drafter needs {list(want)}: {'; '.join(why)}; {fix}"
 
 
 def load_drafter_with_target_embeddings(src: str | Path, target) -> Eagle3Drafter:

@@ -2,18 +2,25 @@
 
 Commands live in one module per area (``convert``, ``generate``, ``bench``, ``train``, ``fetch``),
 each registering on :data:`app` through :func:`command`, which wraps the command in the one
-error-to-exit-2 handler. Anything that is not one of :data:`USER_ERRORS` keeps its traceback.
+error-to-exit-2 handler (:mod:`slimspec_convert.cli.errors` decides what is a user's or the machine's
+fault: our errors, file-system and I/O failures, safetensors' errors, an interrupt). Anything else
+keeps its traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import sys
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 import typer
+
+from slimspec_convert.cli.errors import error_line, install_signal_handlers
+from slimspec_convert.measure.machine import ThreadChoice, choose_threads
 
 app = typer.Typer(
     name="slimspec",
@@ -27,26 +34,60 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
-
 
 def fail(err: BaseException) -> None:
-    """Print ``error: ...`` on one line to stderr and exit with code 2."""
-    typer.echo(f"error: {err}".replace("\n", " "), err=True)
+    """Print ``error: ...`` on one line to stderr and exit with code 2 (a bug re-raises: traceback)."""
+    line = error_line(err)
+    if line is None:
+        raise err
+    typer.echo(f"error: {line}".replace("\n", " "), err=True)
     raise typer.Exit(code=2)
 
 
+THREADS_HELP = (
+    "torch CPU threads (default: the cores other work leaves free, from the 1-min load average; at least 1)"
+)
+_THREADS = inspect.Parameter(
+    "threads",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=None,
+    annotation=Annotated[int | None, typer.Option(help=THREADS_HELP)],
+)
+
+
+def apply_threads(threads: int | None) -> ThreadChoice:
+    """``--threads``: set torch's CPU threads to the number asked or to what the machine can give.
+
+    Says on stderr what it chose when other work holds cores (the default took fewer than all).
+
+    Raises:
+        ValueError: threads < 1.
+    """
+    choice = choose_threads(threads)
+    torch.set_num_threads(choice.threads)
+    if choice.reduced:
+        typer.echo(choice.summary(), err=True)
+    return choice
+
+
 def command(name: str | None = None, on: typer.Typer = app) -> Callable:
-    """Register a command on ``on`` with the error policy: a user error exits 2 with one line."""
+    """Register a command on ``on`` with the error policy (a user's or the machine's fault exits 2 with
+    one line, :mod:`slimspec_convert.cli.errors`) and the ``--threads`` option every command takes."""
 
     def register(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args, threads: int | None = None, **kwargs):
+            install_signal_handlers()
             try:
+                apply_threads(threads)
                 return fn(*args, **kwargs)
-            except USER_ERRORS as err:
+            except (Exception, KeyboardInterrupt) as err:
+                if error_line(err) is None:
+                    raise
                 fail(err)
 
+        sig = inspect.signature(fn, eval_str=True)
+        wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), _THREADS])
         return on.command(name)(wrapper)
 
     return register
@@ -67,19 +108,6 @@ RERANK_CONTEXT_HELP = (
 )
 LOOKUP_MIN_HELP = "prompt lookup: shortest suffix matched (tokens)"
 LOOKUP_MAX_HELP = "prompt lookup: longest suffix matched, tried first (tokens)"
-
-
-def apply_threads(threads: int | None) -> None:
-    """``--threads``: torch CPU threads (None keeps torch's default).
-
-    Raises:
-        ValueError: threads < 1.
-    """
-    if threads is None:
-        return
-    if threads < 1:
-        raise ValueError(f"--threads={threads}: expected >= 1")
-    torch.set_num_threads(threads)
 
 
 def csv_items(text: str, what: str) -> tuple[str, ...]:
@@ -108,10 +136,14 @@ def csv_ints(text: str, what: str) -> tuple[int, ...]:
 
 def main() -> None:
     """Console-script entry point."""
+    install_signal_handlers()
     try:
         app()
-    except USER_ERRORS as err:  # raised outside a command's own handler
-        typer.echo(f"error: {err}".replace("\n", " "), err=True)
+    except (Exception, KeyboardInterrupt) as err:  # raised outside a command's own handler
+        line = error_line(err)
+        if line is None:
+            raise
+        typer.echo(f"error: {line}".replace("\n", " "), err=True)
         sys.exit(2)
 
 

@@ -14,7 +14,6 @@ from slimspec_convert.cli.app import (
     LOOKUP_MAX_HELP,
     LOOKUP_MIN_HELP,
     RERANK_CONTEXT_HELP,
-    apply_threads,
     bench_app,
     command,
     config_fields,
@@ -58,11 +57,9 @@ def bench_head_cmd(
     warmup: Annotated[int, typer.Option(help="untimed warm-up rounds")] = _HEAD.warmup,
     budget_s: Annotated[float, typer.Option(help="timed seconds per shape and batch size")] = _HEAD.budget_s,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = _HEAD.device,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print rows as JSON")] = False,
 ) -> None:
     """Latency of the full, low-rank and trimmed LM heads (median of interleaved runs, same-run ratios)."""
-    apply_threads(threads)
     cfg = BenchHeadConfig(
         **config_fields(
             BenchHeadConfig,
@@ -177,7 +174,6 @@ def rank_sweep_cmd(
     dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = _SWEEP.dtype,
     device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = _SWEEP.device,
     repeats: Annotated[int, typer.Option(help="timed rounds per latency")] = _SWEEP.repeats,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     finetune_steps: Annotated[
         int, typer.Option(help="head fine-tune steps per rank (0 = SVD only)")
     ] = _SWEEP.finetune_steps,
@@ -188,7 +184,6 @@ def rank_sweep_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Sweep ranks: SVD error, held-out acceptance, head latency, predicted rho_TPS; recommend a rank."""
-    apply_threads(threads)
     cfg = RankSweepConfig(
         **config_fields(
             RankSweepConfig,
@@ -255,7 +250,6 @@ def bench_e2e_cmd(
     ),
     dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default(BenchE2EConfig, "dtype"),
     device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default(BenchE2EConfig, "device"),
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     linear_product: Annotated[str, typer.Option(help=LINEAR_PRODUCT_HELP)] = default(
         BenchE2EConfig, "linear_product"
     ),
@@ -276,7 +270,6 @@ def bench_e2e_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Plain decoding vs each drafter on the same prompts, interleaved: tau, tokens/s, cost model check."""
-    apply_threads(threads)
     cfg = BenchE2EConfig(
         **config_fields(
             BenchE2EConfig,

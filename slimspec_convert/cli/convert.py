@@ -23,7 +23,10 @@ def inspect(
         str | None, typer.Option(help="target folder (only to resolve aux-layer conventions)")
     ] = None,
     norm_output_semantics: Annotated[
-        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+        str,
+        typer.Option(
+            help="auto | specforge | engine: how to read norm_output (SpecForge <= 0.2.0 or engines)"
+        ),
     ] = _D.norm_output_semantics,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
@@ -55,7 +58,10 @@ def convert(
     svd: Annotated[str, typer.Option(help="auto | exact | randomized")] = _D.svd,
     svd_niter: Annotated[int, typer.Option(help="extra Krylov blocks (randomized SVD)")] = _D.svd_niter,
     norm_output_semantics: Annotated[
-        str, typer.Option(help="auto | specforge | engine: how to read norm_output (P7)")
+        str,
+        typer.Option(
+            help="auto | specforge | engine: how to read norm_output (SpecForge <= 0.2.0 or engines)"
+        ),
     ] = _D.norm_output_semantics,
     calibrate: Annotated[
         bool,

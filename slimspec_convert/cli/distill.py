@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from slimspec_convert.cli.app import apply_threads, command, config_fields
+from slimspec_convert.cli.app import command, config_fields
 from slimspec_convert.data.distill import DistillConfig
 from slimspec_convert.data.self_prompts import SelfPromptConfig
 from slimspec_convert.workflows.distill import distill_files, self_prompt_file
@@ -17,14 +17,12 @@ from slimspec_convert.workflows.distill import distill_files, self_prompt_file
 _D = DistillConfig()
 _Target = Annotated[str, typer.Option(help="target model folder, .gguf file or hub id")]
 _Dtype = Annotated[str, typer.Option(help="target dtype: float32 or bfloat16 (AMX CPUs: ~1.7x faster)")]
-_Threads = Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")]
 _Json = Annotated[bool, typer.Option("--json", help="print the report as JSON")]
 _S = SelfPromptConfig(num=1)
 
 
-def _start(threads: int | None) -> None:
+def _start() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    apply_threads(threads)
 
 
 def _report(report, json_out: bool) -> None:
@@ -59,11 +57,10 @@ def distill(
         list[Path] | None, typer.Option(help="file(s) whose prompts are left out (held-out prompts)")
     ] = None,
     dtype: _Dtype = "float32",
-    threads: _Threads = None,
     json_out: _Json = False,
 ) -> None:
     """Write the target's own answers to the prompts of --data (self-distilled, on-policy training data)."""
-    _start(threads)
+    _start()
     cfg = DistillConfig(**config_fields(DistillConfig, locals(), exclude=tuple(map(str, exclude or ()))))
     _report(distill_files(target, data, out, cfg, dtype), json_out)
 
@@ -89,10 +86,9 @@ def self_prompts(
     ] = _S.system_prompt,
     max_batches: Annotated[int, typer.Option(help="give up after this many batches")] = _S.max_batches,
     dtype: _Dtype = "float32",
-    threads: _Threads = None,
     json_out: _Json = False,
 ) -> None:
     """Let the target write user turns (Magpie, arXiv 2406.08464): prompts for `slimspec distill --data`."""
-    _start(threads)
+    _start()
     cfg = SelfPromptConfig(**config_fields(SelfPromptConfig, locals()))
     _report(self_prompt_file(target, out, cfg, dtype), json_out)

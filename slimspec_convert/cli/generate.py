@@ -15,7 +15,6 @@ from slimspec_convert.cli.app import (
     LOOKUP_MAX_HELP,
     LOOKUP_MIN_HELP,
     RERANK_CONTEXT_HELP,
-    apply_threads,
     command,
 )
 from slimspec_convert.decoding.config import (
@@ -92,7 +91,6 @@ def generate(
     device: Annotated[
         str, typer.Option(help="auto (cuda when available), cpu, cuda or cuda:N")
     ] = _GEN.device,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's)")] = None,
     linear_product: Annotated[str, typer.Option(help=LINEAR_PRODUCT_HELP)] = _GEN.linear_product,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON list, one object per prompt")
@@ -103,7 +101,6 @@ def generate(
     ] = False,
 ) -> None:
     """Generate with the target alone or with an EAGLE-3 drafter (greedy output = the target's)."""
-    apply_threads(threads)
     gcfg = GenerateConfig(
         chat=chat,
         system_prompt=system_prompt,

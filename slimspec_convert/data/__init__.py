@@ -3,7 +3,14 @@ token ids with an assistant-only loss mask -> batches; used by training, calibra
 """
 
 from slimspec_convert.data.examples import Example, build_examples, collate, load_examples, split_heldout
-from slimspec_convert.data.records import DataError, DataStats, has_assistant, jsonl_lines, read_conversations
+from slimspec_convert.data.records import (
+    DataError,
+    DataStats,
+    has_assistant,
+    jsonl_lines,
+    read_conversations,
+    read_text,
+)
 from slimspec_convert.data.self_distill import complete_prompts
 
 __all__ = [
@@ -17,5 +24,6 @@ __all__ = [
     "jsonl_lines",
     "load_examples",
     "read_conversations",
+    "read_text",
     "split_heldout",
 ]

@@ -27,17 +27,19 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from slimspec_convert.data.records import (
     DataError,
     Message,
     _read_records,
     jsonl_lines,
+    read_text,
     record_to_conversations,
 )
 from slimspec_convert.version import __version__
@@ -218,7 +220,7 @@ def _done_keys(out: Path) -> set[str]:
     _drop_partial_tail(out)
     if not out.is_file():
         return done
-    for lineno, raw in jsonl_lines(out.read_text(encoding="utf-8")):
+    for lineno, raw in jsonl_lines(read_text(out)):
         try:
             prov = json.loads(raw)["provenance"]
         except (json.JSONDecodeError, KeyError, TypeError):
@@ -242,11 +244,36 @@ def _batches(items: list, size: int) -> Iterator[tuple[int, list]]:
         yield i // size, items[i : i + size]
 
 
+class _EveryStep(StoppingCriteria):
+    """Calls ``on_step()`` once per token step of ``model.generate``; stops nothing (a progress hook)."""
+
+    def __init__(self, on_step: Callable[[], None]) -> None:
+        self.on_step = on_step
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.on_step()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
 def generate_answers(
-    model, tokenizer, texts: list[str], cfg: DistillConfig, batch_index: int = 0
+    model,
+    tokenizer,
+    texts: list[str],
+    cfg: DistillConfig,
+    batch_index: int = 0,
+    on_step: Callable[[], None] | None = None,
 ) -> list[list[int]]:
     """The target's answer ids to rendered prompts (one left-padded ``model.generate`` call).
+
+    Args:
+        model: HF causal LM.
+        tokenizer: its tokenizer.
+        texts: rendered prompts.
+        cfg: decoding settings (``max_new_tokens``, temperature, top_p, seed).
+        batch_index: added to the seed of a sampled batch.
+        on_step: called after every generated token step of the batch (a progress bar's tick), so
+            a batch of 64 prompts x 192 tokens shows 192 steps, not one jump at the end.
 
     Returns:
         One list of new token ids per prompt, without padding, cut after the first stop token.
@@ -263,6 +290,8 @@ def generate_answers(
         kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if on_step is not None:
+        kwargs["stopping_criteria"] = StoppingCriteriaList([_EveryStep(on_step)])
     out = model.generate(**enc, **kwargs)[:, enc["input_ids"].shape[1] :]
     eos = model.generation_config.eos_token_id
     stops = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -369,10 +398,22 @@ def distill(
     target_sha, template_sha = target_fingerprint(model, tokenizer)
     t0, new_tokens = time.perf_counter(), 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(todo), desc="distill", unit="prompt")
+    # the bar moves per token step of each batch (a batch of 64 prompts is one generate call; a bar
+    # per prompt would sit at 0/64 until it ends): total = batches x max_new_tokens steps
+    num_batches = -(-len(todo) // cfg.batch_size)
+    bar = tqdm(total=num_batches * cfg.max_new_tokens, desc="distill", unit="step")
+    answered = 0
     with open(out, "a", encoding="utf-8") as f:
         for b, chunk in _batches(todo, cfg.batch_size):
-            answers = generate_answers(model, tokenizer, [t for _, t, _ in chunk], cfg, batch_index=b)
+            end = (b + 1) * cfg.max_new_tokens
+            answers = generate_answers(
+                model,
+                tokenizer,
+                [t for _, t, _ in chunk],
+                cfg,
+                batch_index=b,
+                on_step=lambda end=end: bar.update(1) if bar.n < end else None,
+            )
             for (rec, _, _), ids in zip(chunk, answers, strict=True):
                 new_tokens += len(ids)
                 answer = tokenizer.decode(ids, skip_special_tokens=True)
@@ -388,8 +429,12 @@ def distill(
                 msgs = rec.as_messages() + [{"role": "assistant", "content": answer}]
                 f.write(json.dumps({"messages": msgs, "provenance": prov}) + "\n")
             f.flush()
-            bar.update(len(chunk))
-            bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")
+            answered += len(chunk)
+            bar.update(end - bar.n)  # the batch stopped early (every answer ended)
+            bar.set_postfix(
+                prompts=f"{answered}/{len(todo)}",
+                tokens_per_s=f"{new_tokens / (time.perf_counter() - t0):.1f}",
+            )
     bar.close()
     return DistillReport(
         str(out),

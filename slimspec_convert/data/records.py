@@ -63,6 +63,40 @@ class DataStats:
         )
 
 
+def decode_text(data: bytes, path: str | Path) -> str:
+    """A data file's bytes as UTF-8 text: the one place data, prompt and cache files are decoded.
+
+    Args:
+        data: the file's bytes (after gzip, for a ``.gz`` file).
+        path: the file, for the message.
+
+    Returns:
+        The text.
+
+    Raises:
+        DataError: ``{path}:{line}: not UTF-8 (byte 0x.. at column ..)``, naming the fix.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {column}); save the file "
+            "as UTF-8, e.g. `iconv -f latin1 -t utf-8 IN > OUT`"
+        ) from None
+
+
+def read_text(path: str | Path) -> str:
+    """:func:`decode_text` of a file's bytes.
+
+    Raises:
+        DataError: not UTF-8 (file, line and column in the message).
+        OSError: the file cannot be read.
+    """
+    return decode_text(Path(path).read_bytes(), path)
+
+
 def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
     """The non-blank lines of a JSON Lines text, split at ``"\\n"`` only: the one place a ``.jsonl``
     file's text is split into its records.
@@ -91,12 +125,13 @@ def _read_records(path: Path) -> Iterator[tuple[int, object]]:
         raise FileNotFoundError(f"{path}: data file not found")
     if path.suffix == ".gz":
         try:
-            text = gzip.decompress(path.read_bytes()).decode("utf-8")
+            raw = gzip.decompress(path.read_bytes())
         except (OSError, EOFError) as e:
             raise DataError(f"{path}: not a readable gzip file ({e})") from e
+        text = decode_text(raw, path)
         kind = Path(path.stem).suffix
     else:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
         kind = path.suffix
     if not text.strip():
         raise DataError(f"{path}: file is empty")

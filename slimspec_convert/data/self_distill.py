@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from slimspec_convert.data.records import Message, has_assistant, jsonl_lines
+from slimspec_convert.data.records import Message, has_assistant, jsonl_lines, read_text
 
 
 def complete_prompts(
@@ -40,7 +40,7 @@ def complete_prompts(
 
     cache: dict[str, str] = {}
     if cache_path.is_file():
-        for _, line in jsonl_lines(cache_path.read_text(encoding="utf-8")):
+        for _, line in jsonl_lines(read_text(cache_path)):
             rec = json.loads(line)
             cache[rec["key"]] = rec["answer"]
     todo = []

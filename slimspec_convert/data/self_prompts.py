@@ -32,7 +32,7 @@ from slimspec_convert.data.distill import (
     generate_answers,
     target_fingerprint,
 )
-from slimspec_convert.data.records import DataError, jsonl_lines
+from slimspec_convert.data.records import DataError, jsonl_lines, read_text
 
 _SENTINEL = "\u2063SLIMSPEC-USER-TURN\u2063"
 
@@ -183,7 +183,7 @@ def self_prompts(model, tokenizer, out: str | Path, cfg: SelfPromptConfig) -> Se
     seen, next_batch = set(), 0
     _drop_partial_tail(out)
     if out.is_file():
-        for lineno, raw in jsonl_lines(out.read_text(encoding="utf-8")):
+        for lineno, raw in jsonl_lines(read_text(out)):
             try:
                 rec = json.loads(raw)
                 seen.add(_dedup_key(rec["prompt"]))

@@ -138,12 +138,8 @@ class SpeculativeGenerator:
 
     def _stop_ids(self) -> frozenset[int]:
         ids = set(self.sampling.stop_token_ids)
-        for src in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
-            eos = getattr(src, "eos_token_id", None) if src is not None else None
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif isinstance(eos, (list, tuple)):
-                ids.update(int(e) for e in eos)
+        for found in eos_sources(self.model, self.tokenizer).values():
+            ids.update(found)
         return frozenset(ids)
 
     def _pad_id(self) -> int:
@@ -482,3 +478,48 @@ class SpeculativeGenerator:
         )
         decoded = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else None
         return GenerationResult(prompt, text, list(ids), list(out), decoded, stats)
+
+
+def eos_sources(model, tokenizer=None) -> dict[str, tuple[int, ...]]:
+    """The EOS ids each source declares: ``generation_config.json``, ``config.json``, the tokenizer.
+
+    The generator stops at any of them (a chat model's end-of-turn token is often only in one).
+
+    Returns:
+        ``{source name: ids}`` for the sources that declare any, in that order.
+    """
+    named = (
+        ("generation_config.json", getattr(model, "generation_config", None)),
+        ("config.json", getattr(model, "config", None)),
+        ("the tokenizer", tokenizer),
+    )
+    out = {}
+    for name, src in named:
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            out[name] = (eos,)
+        elif isinstance(eos, (list, tuple)) and eos:
+            out[name] = tuple(int(e) for e in eos)
+    return out
+
+
+def eos_notice(model, tokenizer=None) -> str | None:
+    """One line when the EOS sources disagree: slimspec stops at any of them, ``generate()`` at its own.
+
+    transformers' ``generate()`` stops at ``generation_config.eos_token_id`` only (or ``config.json``'s
+    where the model has no generation config), so for such a target its output can run past a token
+    where slimspec's stops (docs/faults.md, "EOS").
+
+    Returns:
+        The notice, or None when every source declares the same ids.
+    """
+    found = eos_sources(model, tokenizer)
+    if len({frozenset(ids) for ids in found.values()}) <= 1:
+        return None
+    every = sorted({i for ids in found.values() for i in ids})
+    listed = ", ".join(f"{name} {list(ids)}" for name, ids in found.items())
+    own = next(iter(found))
+    return (
+        f"EOS ids differ ({listed}): slimspec stops at any of {every}; transformers' generate() stops at "
+        f"{own}'s {list(found[own])} only, so its outputs may run longer (docs/faults.md)"
+    )

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from slimspec_convert.data import jsonl_lines
+from slimspec_convert.data import jsonl_lines, read_text
 
 
 def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, ...]]:
@@ -32,7 +32,7 @@ def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, .
     if not p.is_file():
         raise FileNotFoundError(f"{p}: prompt file not found")
     out: list[tuple[str, ...]] = []
-    for n, line in jsonl_lines(p.read_text(encoding="utf-8")):
+    for n, line in jsonl_lines(read_text(p)):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:

@@ -61,6 +61,7 @@ from slimspec_convert.measure.chain_acceptance import (
     round_starts,
     visited_round_starts,
 )
+from slimspec_convert.measure.machine import read_load_1m, timing_machine
 from slimspec_convert.targets.cache import keep_cache_slots, new_target_cache
 from slimspec_convert.targets.forward import _cache_kwarg, resolve_aux_layers
 from slimspec_convert.targets.linear_product import linear_product
@@ -174,7 +175,16 @@ def timing_cache_path(cache_dir: str | Path | None, kind: str, key: dict) -> Pat
 
 
 def read_timing_cache(path: Path, key: dict) -> dict | None:
-    """The cached JSON at ``path`` when it exists, parses and holds ``key``; else None (logged)."""
+    """The cached JSON at ``path`` when it exists, parses, holds ``key`` and was timed on a quiet machine.
+
+    A timing taken while the machine was busy (its ``machine`` record: other work competed for the
+    cores, :func:`~slimspec_convert.measure.machine.timing_machine`), or one without that record (written
+    before loads were recorded), is not reused: the caller times again and overwrites it, so a
+    choice made under load does not stick once the machine is quiet.
+
+    Returns:
+        The cached dict, or None (logged when the file is unreadable or was timed under load).
+    """
     if not path.is_file():
         return None
     try:
@@ -182,7 +192,14 @@ def read_timing_cache(path: Path, key: dict) -> dict | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         logger.warning("%s: unreadable timing cache; timing again", path)
         return None
-    return raw if isinstance(raw, dict) and raw.get("key") == key else None
+    if not (isinstance(raw, dict) and raw.get("key") == key):
+        return None
+    machine = raw.get("machine")
+    if not isinstance(machine, dict) or machine.get("busy") is not False:
+        why = machine.get("reason") if isinstance(machine, dict) else "no load recorded"
+        logger.warning("%s: timed on a busy machine (%s); timing again", path, why)
+        return None
+    return raw
 
 
 def verify_cost(
@@ -205,9 +222,11 @@ def verify_cost(
             return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
         except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable verification-cost cache; measuring again", path)
+    load_before = read_load_1m()
     vc = measure_verify_cost(model, context=context)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, vc.to_dict())
+    atomic_write_json(
+        path, {**vc.to_dict(), "machine": timing_machine(load_before, torch.get_num_threads()).to_dict()}
+    )
     return vc
 
 

@@ -3,7 +3,8 @@
 The target's forward of ``n`` = 1, 2, 3, 4, 6 and 8 tokens after a 128-token context is timed with
 torch's ``x @ W.T`` and with ``(W @ x.T).T`` (:mod:`slimspec_convert.targets.linear_product`); the
 product with the lower total wins and is set on the target and every drafter. Measured once per
-(target, device, dtype, threads, torch) and cached as JSON under ``$SLIMSPEC_CACHE/linear_product``.
+(target, device, dtype, threads, torch) and cached as JSON under ``$SLIMSPEC_CACHE/linear_product``,
+with the load it was timed under; a choice timed on a busy machine is timed again on the next run.
 Only float32 on the CPU is measured (the slow kernels are MKL's float32 ones); elsewhere ``auto``
 keeps torch's product without timing anything.
 """
@@ -25,6 +26,7 @@ from slimspec_convert.measure.draft_shape import (
     timing_cache_path,
     verify_key,
 )
+from slimspec_convert.measure.machine import read_load_1m, timing_machine
 from slimspec_convert.targets.linear_product import (
     LINEAR_PRODUCTS,
     TORCH_PRODUCT,
@@ -124,11 +126,12 @@ def choose_linear_product(
                 )
         except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable linear-product cache; timing again", path)
+    load_before = read_load_1m()
     torch_ms, transposed_ms = _measure(model)
     product = TRANSPOSED_PRODUCT if sum(transposed_ms) < sum(torch_ms) else TORCH_PRODUCT
     choice = LinearProductChoice(product, "auto", CHOICE_TOKENS, torch_ms, transposed_ms)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {**choice.to_dict(), "key": key})
+    machine = timing_machine(load_before, torch.get_num_threads()).to_dict()
+    atomic_write_json(path, {**choice.to_dict(), "key": key, "machine": machine})
     return choice
 
 

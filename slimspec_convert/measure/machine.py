@@ -8,8 +8,10 @@ timings of one callable spread by more than :data:`DEFAULT_MAX_TIMING_SPREAD` of
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -86,6 +88,25 @@ def assess_machine(
     return MachineState(load_1m, cpu_count, spread, bool(reasons), "; ".join(reasons) or None)
 
 
+def read_runnable_others(samples: int = 5, interval_s: float = 0.02) -> int | None:
+    """Processes runnable right now besides this one (``/proc/loadavg``'s 4th field), the median of a
+    few readings; None where there is no ``/proc/loadavg``.
+
+    The 1-min load average lags: two jobs started 10 s ago add only ~0.3 to it. The runnable count
+    sees them at once (it includes the reading process itself, hence the minus one).
+    """
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return max(0, int(statistics.median(counts)))
+
+
 def read_load_1m() -> float | None:
     """The 1-min load average, None where ``os.getloadavg`` is unavailable."""
     try:
@@ -102,3 +123,109 @@ def machine_state(spread: float | None = None, load_1m: float | None = None) -> 
         load_1m: a load reading taken earlier (e.g. the larger of the readings before and after a run).
     """
     return assess_machine(load_1m if load_1m is not None else read_load_1m(), os.cpu_count() or 1, spread)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells, else ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """How many torch CPU threads a command uses, and why.
+
+    Attributes:
+        threads: the number set (``torch.set_num_threads``).
+        cores: usable cores (:func:`usable_cores`).
+        load_1m: the 1-min load average read at start (None where unknown).
+        asked: True when ``--threads`` (or ``$OMP_NUM_THREADS``) gave the number.
+        runnable: other processes runnable at start (:func:`read_runnable_others`; None where unknown).
+    """
+
+    threads: int
+    cores: int
+    load_1m: float | None
+    asked: bool
+    runnable: int | None = None
+
+    @property
+    def reduced(self) -> bool:
+        """True when the default took fewer threads than cores because other work holds them."""
+        return not self.asked and self.threads < self.cores
+
+    def summary(self) -> str:
+        """One line: the choice and the reading behind it."""
+        load = "unknown" if self.load_1m is None else f"{self.load_1m:.2f}"
+        now = "" if self.runnable is None else f", {self.runnable} other processes runnable"
+        return (
+            f"threads: {self.threads} of {self.cores} cores (1-min load average {load}{now} at start: "
+            "other work holds the rest; pass --threads N to choose)"
+        )
+
+
+def default_threads(load_1m: float | None, cores: int) -> int:
+    """Threads that fit beside the machine's other work: cores minus the load, rounded, at least 1.
+
+    The 1-min load average counts runnable processes; each one busy on a core leaves one core fewer.
+    Taking more threads than free cores oversubscribes them: torch's threads then wait for each
+    other at every parallel region (measured on this project's 2-core machine under a load of 8-15:
+    a 1-token SmolLM2 forward took 3,890 ms with 2 threads and 439 ms with 1).
+
+    Args:
+        load_1m: 1-min load average (None: unknown, all cores).
+        cores: usable cores.
+
+    Returns:
+        ``max(1, min(cores, round(cores - load_1m)))``: 2 cores at load 0.3 -> 2, at 1.0 -> 1, at 8 -> 1.
+    """
+    if load_1m is None:
+        return cores
+    return max(1, min(cores, math.floor(cores - load_1m + 0.5)))
+
+
+def choose_threads(asked: int | None) -> ThreadChoice:
+    """``--threads``: the number asked, else ``$OMP_NUM_THREADS`` when set (torch's own rule), else
+    :func:`default_threads` of the larger of the 1-min load average and the processes runnable now.
+
+    Raises:
+        ValueError: ``asked < 1``, or ``$OMP_NUM_THREADS`` not a positive integer.
+    """
+    cores, load, runnable = usable_cores(), read_load_1m(), read_runnable_others()
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if asked is None and env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"OMP_NUM_THREADS={env!r}: expected a positive integer (or unset it)")
+        asked = int(env)
+    if asked is not None:
+        if asked < 1:
+            raise ValueError(f"--threads={asked}: expected >= 1")
+        return ThreadChoice(asked, cores, load, True, runnable)
+    busy = max(x for x in (load, runnable, 0.0) if x is not None)  # the lagging average or now
+    return ThreadChoice(default_threads(busy, cores), cores, load, False, runnable)
+
+
+def timing_machine(load_before: float | None, threads: int) -> MachineState:
+    """The machine a cached timing was taken on: busy when other work competed for the cores.
+
+    The load read *before* timing is what other processes put on the machine (our own timing
+    would raise a later reading). Busy when that load plus the threads the timing used exceeds the
+    cores by more than half a core (2 cores, 2 threads: quiet up to a load of 0.5; 1 thread: 1.5).
+
+    Args:
+        load_before: the 1-min load average read just before timing (None: unknown, counted quiet).
+        threads: torch threads the timing ran with (``torch.get_num_threads()``).
+
+    Returns:
+        :class:`MachineState` (``timing_spread`` None).
+    """
+    cores = usable_cores()
+    busy = load_before is not None and load_before + threads > cores + 0.5
+    reason = (
+        f"1-min load average {load_before:.2f} before timing + {threads} threads > {cores} cores + 0.5"
+        if busy
+        else None
+    )
+    return MachineState(load_before, cores, None, busy, reason)

@@ -74,7 +74,7 @@ def validate_vocab_maps(
             raise VocabMapError(
                 f"{where}: draft_vocab_size={draft_vocab_size} < vocab_size={vocab_size} "
                 "but no 'd2t' tensor; "
-                "a trimmed head without d2t would silently map draft id i to target id i (pitfall P5). "
+                "a trimmed head without d2t would silently map draft id i to target id i. "
                 "Add the d2t offsets (e.g. with `slimspec trim`)."
             )
         if t2d is not None and int(t2d.sum()) != vocab_size:

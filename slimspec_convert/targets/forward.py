@@ -70,7 +70,7 @@ def resolve_aux_layers(drafter_config, model) -> tuple[int, ...]:
     if drafter_config.aux_layer_ids is None:
         logger.warning(
             "drafter config has no aux layer ids; using the upstream default boundaries %s of this "
-            "%d-layer target (eagle3-formats.md section 6). Acceptance is poor if the drafter was "
+            "%d-layer target (EAGLE-3's {2, L//2, L-3}). Acceptance is poor if the drafter was "
             "trained on other layers.",
             drafter_config.resolved_aux_layer_ids(num_layers),
             num_layers,

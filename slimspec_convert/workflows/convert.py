@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from slimspec_convert.atomic import atomic_write_json, check_folder_free, staged_folder
+from slimspec_convert.atomic import atomic_write_json, claim_folder, staged_folder
 from slimspec_convert.checkpoint.canonical import CanonicalTensor, LoadReport, ResolvedCheckpoint
 from slimspec_convert.checkpoint.dialect_config import NORM_OUTPUT_SEMANTICS
 from slimspec_convert.checkpoint.dialects import expected_shapes, resolve_checkpoint
@@ -324,7 +324,21 @@ def convert(
     """
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    recovered = check_folder_free(out, cfg.force)  # repairs an interrupted earlier replace first
+    # OUT's lock is held from the first check (which repairs an interrupted earlier replace) to the
+    # swap, so a second convert into the same OUT stops at once, not after its calibration
+    with claim_folder(out, cfg.force) as recovered:
+        return _convert(src, out, cfg, calibration, recovered, t0)
+
+
+def _convert(
+    src: Path,
+    out: Path,
+    cfg: ConvertConfig,
+    calibration: HeadCalibration | None,
+    recovered: list[str],
+    t0: float,
+) -> ConvertReport:
+    """:func:`convert` with OUT claimed."""
     if src.resolve() == out.resolve():
         raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
     tgt = TargetTensors.open(cfg.target) if cfg.target else None

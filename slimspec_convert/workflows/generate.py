@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
-from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.generator import SpeculativeGenerator, eos_notice
 from slimspec_convert.decoding.hf_generate import TextChunkStreamer, streaming_hooks
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
@@ -20,6 +21,8 @@ from slimspec_convert.measure.draft_shape import (
 from slimspec_convert.measure.linear_product import LinearProductChoice, apply_linear_product
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.targets.load import load_target
+
+logger = logging.getLogger(__name__)
 
 NO_DRAFTER = "none"  # --drafter none: the target alone
 
@@ -142,6 +145,8 @@ def generate_from_paths(
         on_linear(linear)
     if dcfg == AUTO_DRAFT:
         dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan, lookup=lookup)
+    if (notice := eos_notice(model, tokenizer)) is not None:
+        logger.warning("notice: %s", notice)
     gen = SpeculativeGenerator(
         model,
         tokenizer,

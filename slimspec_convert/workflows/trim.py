@@ -18,14 +18,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from slimspec_convert.atomic import claim_folder, staged_folder
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import (
-    CONFIG_NAME,
     D2T_KEY,
     LM_HEAD_KEY,
     LM_HEAD_UP_KEY,
     T2D_KEY,
-    WEIGHTS_NAME,
 )
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.examples import encode_conversation
@@ -224,41 +223,51 @@ def trim_checkpoint(src: str | Path, out: str | Path, cfg: TrimConfig) -> TrimRe
 
     Args:
         src: SlimSpec-native drafter folder.
-        out: output folder (refused if it holds a drafter, unless ``cfg.force``).
+        out: output folder, built beside and put in place when complete (refused if it exists and is
+            not empty, unless ``cfg.force``; an existing OUT is replaced only at the end).
         cfg: :class:`~slimspec_convert.config.TrimConfig`.
 
     Returns:
         :class:`TrimReport`.
 
     Raises:
-        FileExistsError: ``out`` holds config.json or model.safetensors and force is off.
+        FileExistsError: ``out`` exists, is not empty and force is off; ``out`` is a link or a file.
+        OSError: OUT cannot be written (naming it; see docs/faults.md).
         FileNotFoundError: missing source, target or data.
         ValueError: bad data, sizes or checkpoint (:class:`CheckpointError` is a ValueError).
     """
     out = Path(out)
-    if not cfg.force and any((out / n).exists() for n in (CONFIG_NAME, WEIGHTS_NAME)):
-        raise FileExistsError(f"{out}: already holds a drafter; pass --force to overwrite")
-    drafter = load_drafter_with_target_embeddings(src, cfg.target)
-    tokenizer = load_tokenizer(cfg.target)
-    calib = count_calibration_tokens(list(cfg.data), tokenizer, drafter.config.vocab_size, cfg.max_length)
-    trimmed = trim_drafter(drafter, calib.counts, cfg.draft_vocab_size)
-    kept = draft_to_target_ids(trimmed.d2t) if trimmed.d2t is not None else torch.arange(calib.counts.numel())
-    coverage = float(calib.counts[kept].sum()) / calib.num_tokens
-    report = TrimReport(
-        str(out),
-        drafter.config.vocab_size,
-        cfg.draft_vocab_size,
-        drafter.config.draft_vocab_size,
-        calib.num_conversations,
-        calib.num_prompt_only,
-        calib.num_tokens,
-        coverage,
-    )
-    save_drafter(
-        trimmed,
-        out,
-        dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
-        include_embeddings=True,
-        extra_config={"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}},
-    )
-    return report
+    # an existing empty folder (made for the result) is free; anything else needs --force
+    force = cfg.force or (out.is_dir() and not out.is_symlink() and not any(out.iterdir()))
+    # OUT is locked from this check to the swap; a link or a read-only OUT fails now, before the work
+    with claim_folder(out, force):
+        drafter = load_drafter_with_target_embeddings(src, cfg.target)
+        tokenizer = load_tokenizer(cfg.target)
+        calib = count_calibration_tokens(list(cfg.data), tokenizer, drafter.config.vocab_size, cfg.max_length)
+        trimmed = trim_drafter(drafter, calib.counts, cfg.draft_vocab_size)
+        kept = (
+            draft_to_target_ids(trimmed.d2t)
+            if trimmed.d2t is not None
+            else torch.arange(calib.counts.numel())
+        )
+        coverage = float(calib.counts[kept].sum()) / calib.num_tokens
+        report = TrimReport(
+            str(out),
+            drafter.config.vocab_size,
+            cfg.draft_vocab_size,
+            drafter.config.draft_vocab_size,
+            calib.num_conversations,
+            calib.num_prompt_only,
+            calib.num_tokens,
+            coverage,
+        )
+        meta = {"trim": {"config": asdict(cfg), "report": report.to_dict(), "version": __version__}}
+        with staged_folder(out, force) as tmp:
+            save_drafter(
+                trimmed,
+                tmp,
+                dtype=getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else None,
+                include_embeddings=True,
+                extra_config=meta,
+            )
+        return report

@@ -98,8 +98,9 @@ def test_a_kill_at_any_moment_leaves_a_complete_folder(tmp_path, mode, point, at
     out = tmp_path / "out"
     make_old(out)
     assert run_child(out, point, mode) == 137
+    assert ".out.lock" in leftovers(out)  # the killed writer's lock file: no process holds it any more
     if at_kill is None:  # the two-rename fallback's one window: OUT is back at the next run
-        assert not out.exists() and leftovers(out)[0].startswith(".out.old-")
+        assert not out.exists() and leftovers(out)[1].startswith(".out.old-")
     else:
         assert contents(out) == at_kill
     lines = recover_folder(out)

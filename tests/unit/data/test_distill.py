@@ -221,3 +221,18 @@ def test_cli_max_prompt_tokens_skips_and_counts_long_prompts(prompts_file, tmp_p
     assert sorted(r["provenance"]["line"] for r in _records(out)) == [
         i + 1 for i, n in enumerate(lengths) if n <= cap
     ]
+
+
+def test_the_progress_hook_ticks_once_per_generated_token_step(prompts_file):
+    """Issue 53: a batch is one generate call; the bar must move per token step, not once per batch."""
+    from slimspec_convert.data.distill import generate_answers
+
+    model, tok = tiny_target(), tiny_tokenizer()
+    texts = [_render_user(tok, r.messages[-1][1]) for r in read_prompts([prompts_file])]
+    ticks = []
+    cfg = DistillConfig(max_new_tokens=9)
+    answers = generate_answers(model, tok, texts, cfg, on_step=lambda: ticks.append(1))
+    assert answers == generate_answers(model, tok, texts, cfg)  # the hook changes nothing
+    # every sequence runs to the cap or to its stop token; the batch takes as many steps as its longest
+    assert len(ticks) == max(len(a) for a in answers) and 1 <= len(ticks) <= 9
+    assert any(len(a) == 9 for a in answers)  # guard: a full-length batch, so 9 ticks, not 1

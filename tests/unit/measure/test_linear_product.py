@@ -21,6 +21,12 @@ from slimspec_convert.targets.linear_product import linear_product
 from tests.helpers.models import tiny_drafter, tiny_target
 
 
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    """A quiet machine (load 0) unless a test says otherwise: a cache timed under load is not reused."""
+    monkeypatch.setattr(lp, "read_load_1m", lambda: 0.0)
+
+
 def test_auto_times_both_products_once_caches_the_choice_and_sets_it_on_every_model(tmp_path, monkeypatch):
     target, drafter = tiny_target(), tiny_drafter(seed=1)
     slow = {"torch": 5.0, "transposed": 2.0}
@@ -74,3 +80,30 @@ def test_a_fixed_setting_is_applied_without_timing_and_bad_names_are_refused(tmp
         GenerateConfig(linear_product="fast")
     with pytest.raises(ValueError, match="BenchE2EConfig.linear_product='fast'"):
         BenchE2EConfig(drafters=(("a", "b"),), linear_product="fast")
+
+
+def test_a_choice_timed_on_a_busy_machine_is_timed_again(tmp_path, monkeypatch):
+    """The cache records the load before timing; one taken under load (or without a record) is redone."""
+    target = tiny_target()
+    calls = []
+
+    def fake_cost(model, tokens, context):
+        calls.append(linear_product(model))
+        return type("VC", (), {"ms": tuple(2.0 * n for n in tokens)})()
+
+    monkeypatch.setattr(lp, "measure_verify_cost", fake_cost)
+    monkeypatch.setattr(lp, "read_load_1m", lambda: 7.5)  # two busy jobs and more beside it
+    busy = choose_linear_product(target, tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    machine = json.loads(path.read_text())["machine"]
+    assert machine["busy"] and machine["load_1m"] == 7.5 and "7.50 before timing" in machine["reason"]
+    assert not busy.cached and len(calls) == 2
+    monkeypatch.setattr(lp, "read_load_1m", lambda: 0.1)  # quiet now: the busy timing is redone
+    again = choose_linear_product(target, tmp_path)
+    assert not again.cached and len(calls) == 4
+    assert json.loads(path.read_text())["machine"]["busy"] is False
+    assert choose_linear_product(target, tmp_path).cached and len(calls) == 4  # a quiet one is reused
+    raw = json.loads(path.read_text())
+    del raw["machine"]  # a cache written before loads were recorded
+    path.write_text(json.dumps(raw))
+    assert not choose_linear_product(target, tmp_path).cached and len(calls) == 6

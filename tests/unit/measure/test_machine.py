@@ -8,8 +8,15 @@ import pytest
 from typer.testing import CliRunner
 
 import slimspec_convert.measure.machine as machine
-from slimspec_convert.cli.app import app
-from slimspec_convert.measure.machine import DEFAULT_MAX_TIMING_SPREAD, assess_machine, timing_spread
+from slimspec_convert.cli.app import app, bench_app
+from slimspec_convert.measure.machine import (
+    DEFAULT_MAX_TIMING_SPREAD,
+    assess_machine,
+    choose_threads,
+    default_threads,
+    timing_machine,
+    timing_spread,
+)
 
 
 def test_timing_spread_is_iqr_over_median():
@@ -58,3 +65,74 @@ def test_bench_head_records_the_machine_and_warns_when_busy(monkeypatch):
     m = json.loads(res.stdout)[0]["machine"]
     assert m["busy"] and m["reason"].startswith("1-min load average 7.25 > 2 cores")
     assert f"warning: busy machine ({m['reason']}): timings are noisy" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "load, cores, threads",
+    [
+        (0.3, 2, 2),
+        (0.5, 2, 2),
+        (0.51, 2, 1),
+        (1.0, 2, 1),
+        (2.0, 2, 1),
+        (8.0, 2, 1),
+        (1.2, 8, 7),
+        (None, 4, 4),
+    ],
+)
+def test_default_threads_leave_the_cores_others_use(load, cores, threads):
+    assert default_threads(load, cores) == threads  # round(cores - load), at least 1, at most cores
+
+
+def test_choose_threads_asked_env_and_default(monkeypatch):
+    monkeypatch.setattr(machine, "read_load_1m", lambda: 3.1)
+    monkeypatch.setattr(machine, "read_runnable_others", lambda: 0)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    auto = choose_threads(None)
+    assert (auto.threads, auto.reduced) == (1, True)
+    assert auto.summary() == (
+        "threads: 1 of 2 cores (1-min load average 3.10, 0 other processes runnable at start: other work "
+        "holds the rest; pass --threads N to choose)"
+    )
+    monkeypatch.setattr(machine, "read_load_1m", lambda: 0.2)  # two jobs just started: the average lags
+    monkeypatch.setattr(machine, "read_runnable_others", lambda: 2)
+    assert choose_threads(None).threads == 1
+    monkeypatch.setattr(machine, "read_runnable_others", lambda: 0)
+    assert choose_threads(None).threads == 2
+    assert choose_threads(2).threads == 2 and not choose_threads(2).reduced
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert choose_threads(None).threads == 2 and not choose_threads(None).reduced
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two': expected a positive integer"):
+        choose_threads(None)
+    with pytest.raises(ValueError, match="--threads=0: expected >= 1"):
+        choose_threads(0)
+
+
+def test_every_command_takes_threads_and_says_what_the_default_chose(monkeypatch):
+    monkeypatch.setattr(machine, "read_load_1m", lambda: 9.0)
+    monkeypatch.setattr(machine, "read_runnable_others", lambda: 3)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    runner = CliRunner()
+    names = [[c.name or c.callback.__name__.replace("_", "-")] for c in app.registered_commands]
+    names += [["bench", c.name or c.callback.__name__] for c in bench_app.registered_commands]
+    assert len(names) >= 12 and ["convert"] in names and ["finetune"] in names and ["bench", "e2e"] in names
+    for name in names:
+        assert "--threads" in runner.invoke(app, [*name, "--help"], terminal_width=200).output, name
+    res = runner.invoke(app, ["inspect", "/nonexistent-drafter"])
+    first = res.output.splitlines()[0]
+    assert res.exit_code == 2 and first.startswith("threads: 1 of 2 cores (1-min load average 9.00"), (
+        res.output
+    )
+
+
+def test_timing_machine_counts_the_threads_a_timing_used(monkeypatch):
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    assert not timing_machine(0.4, 2).busy and timing_machine(0.6, 2).busy
+    assert not timing_machine(1.4, 1).busy and timing_machine(1.6, 1).busy
+    assert (
+        timing_machine(2.0, 1).reason == "1-min load average 2.00 before timing + 1 threads > 2 cores + 0.5"
+    )
+    assert not timing_machine(None, 2).busy
