@@ -25,7 +25,9 @@ class DraftConfig:
 
     ``depth`` draft steps; tree drafting expands the ``top_k`` best nodes per step and keeps the
     ``total_tokens`` best by cumulative log-probability (EAGLE's ``total_token`` minus the root).
-    CPU defaults were chosen by measurement (PAPER.md: a 60-token tree costs 3x a 1-token step).
+    These defaults (a 16-node tree of depth 5) are one fixed shape; ``slimspec generate``, ``bench e2e``
+    and ``speculative_generate`` plan the shape and the lookup per machine by default (``--draft auto``,
+    :mod:`slimspec_convert.measure.draft_shape`).
 
     ``lookup`` > 0 adds up to that many prompt-lookup tokens per round as one more branch from the
     root (:mod:`slimspec_convert.decoding.lookup`): the tokens after the most recent earlier match of
