@@ -1,5 +1,5 @@
 """Entry points: ``finetune`` (recover a converted drafter) and ``train_drafter`` (a fresh EAGLE-3
-drafter for a target that has none). Paths in, a :class:`~finetune.loop.TrainResult` out."""
+drafter for a target that has none). Paths in, a :class:`~finetune.train.report.TrainResult` out."""
 
 from __future__ import annotations
 

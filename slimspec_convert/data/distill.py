@@ -122,7 +122,9 @@ def _normalise(text: str) -> str:
 
 
 def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
-    """Normalised text of every committed evaluation prompt -> the benchmark file it belongs to."""
+    """Normalised text of every committed evaluation prompt -> the benchmark file it belongs to (a
+    record's own ``source`` when it names one: the per-kind prompts of data/eval/kinds cite their
+    upstream benchmark)."""
     index: dict[str, str] = {}
     if not eval_dir.is_dir():
         return index
@@ -134,9 +136,10 @@ def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
                     continue
                 rec = json.loads(line)
                 texts = rec.get("turns") or [rec.get("prompt") or rec.get("question") or ""]
+                where = rec.get("source") or str(path.relative_to(eval_dir.parent.parent))
                 for t in texts:
                     if isinstance(t, str) and t.strip():
-                        index.setdefault(_normalise(t), str(path.relative_to(eval_dir.parent.parent)))
+                        index.setdefault(_normalise(t), where)
     return index
 
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from slimspec_convert.atomic import atomic_write_bytes, atomic_write_json
 from slimspec_convert.checkpoint.folders import read_config
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
+from slimspec_convert.decoding.config import AUTO_DRAFT
 from slimspec_convert.decoding.prompts import load_prompts
+from slimspec_convert.measure.draft_shape import HELDOUT_PROMPTS
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
+from slimspec_convert.measure.provenance import provenance
 from slimspec_convert.measure.tables import e2e_markdown
 from slimspec_convert.targets.load import load_target
 
@@ -105,8 +109,12 @@ def bench_e2e(
     out: str | Path,
     cfg: BenchE2EConfig,
     progress: Callable[[str], None] | None = None,
+    command: str | None = None,
 ) -> E2EResult:
     """``slimspec bench e2e``: load the target and drafters, run, write JSON + markdown + PNG.
+
+    The JSON carries a ``provenance`` block (:func:`~slimspec_convert.measure.provenance.provenance`:
+    date, ``command``, versions, host), which ``scripts/make_docs.py`` cites.
 
     Raises:
         FileExistsError: outputs exist and ``cfg.force`` is off.
@@ -129,5 +137,9 @@ def bench_e2e(
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)
+    calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(HELDOUT_PROMPTS))
+    where = f"the first {len(prompts)} of {prompts_path}; draft shapes planned on {calibration}"
+    made = provenance(command or "(library call)", str(target), where)
+    result = replace(result, provenance=made)
     write_e2e(result, out, force=cfg.force)
     return result

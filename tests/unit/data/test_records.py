@@ -1,4 +1,4 @@
-"""finetune/data.py: formats, assistant-only masks, bad data, deterministic batches."""
+"""slimspec_convert/data/records.py and examples.py: formats, assistant-only masks, bad data, batches."""
 
 import json
 
