@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -128,13 +129,18 @@ def ours_greedy(
     return outputs, committed / cycles if cycles else None
 
 
-def run_bench(cfg: BenchVllmConfig) -> dict[str, Any]:
+def run_bench(cfg: BenchVllmConfig, command: str = "") -> dict[str, Any]:
     """Measure every drafter (and plain decoding) in vLLM, then our engine; return the JSON record.
+
+    Args:
+        cfg: the options.
+        command: the command line, recorded with the figures.
 
     Raises:
         ValueError: a drafter folder vLLM cannot load (vLLM's own message).
     """
     env = cpu_env(cfg.threads)
+    machine = _machine(command)
     texts, prompt_ids = encode_prompts(cfg.target, cfg.prompts, cfg.num_prompts)
     rows: list[dict[str, Any]] = []
     plain_outputs: dict[int, list[list[int]]] = {}
@@ -174,14 +180,14 @@ def run_bench(cfg: BenchVllmConfig) -> dict[str, Any]:
     return {
         "config": asdict(cfg),
         "env": env,
-        "machine": _machine(),
+        "machine": {**machine, "load_1m_end": os.getloadavg()[0]},
         "prompts": texts,
         "rows": rows,
         "ours": ours,
     }
 
 
-def _machine() -> dict[str, Any]:
+def _machine(command: str) -> dict[str, Any]:
     import torch
     import vllm
 
@@ -195,7 +201,9 @@ def _machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "vllm": vllm.__version__,
         "slimspec": __version__,
-        "argv": sys.argv,
+        "cpu_count": os.cpu_count(),
+        "load_1m_start": os.getloadavg()[0],
+        "command": command,
     }
 
 
@@ -275,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    record = run_bench(cfg)
+    args = list(sys.argv[1:] if argv is None else argv)
+    record = run_bench(cfg, " ".join(["slimspec bench vllm", *args]))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "bench_vllm.json", record)
     text = table(record)

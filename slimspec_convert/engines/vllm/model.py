@@ -62,7 +62,12 @@ class LowRankParallelLMHead(nn.Module):
             )
         self.rank = rank
         self.down = ReplicatedLinear(
-            hidden_size, rank, bias=False, return_bias=False, prefix=maybe_prefix(prefix, "down")
+            hidden_size,
+            rank,
+            bias=False,
+            return_bias=False,
+            disable_tp=True,
+            prefix=maybe_prefix(prefix, "down"),
         )
         self.up = ParallelLMHead(vocab_rows, rank, prefix=maybe_prefix(prefix, "up"))
 
