@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -265,6 +266,9 @@ def bench_e2e_cmd(
     ),
     lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = default(
         BenchE2EConfig, "lookup_max_ngram"
+    ),
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = default(
+        BenchE2EConfig, "chat"
     ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,

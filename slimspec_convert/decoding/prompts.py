@@ -99,3 +99,34 @@ def render_chat(
         if i < len(assistant_turns):
             messages.append({"role": "assistant", "content": assistant_turns[i]})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def bos_text(tokenizer) -> str:
+    """The ``<bos>`` text the tokenizer puts before raw text on its own (empty when it adds none)."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None or tokenizer("a")["input_ids"][:1] != [bos_id]:
+        return ""
+    return tokenizer.bos_token
+
+
+def render_prompt(tokenizer, prompt: str, chat: bool, system_prompt: str | None = None) -> str:
+    """The full text the target sees for one user prompt, special tokens included as text.
+
+    Tokenise the result with ``add_special_tokens=False``.
+
+    Args:
+        tokenizer: the target's tokenizer.
+        prompt: the user's prompt (chat) or the text to continue (completion).
+        chat: True renders with the chat template (:func:`render_chat`); False is a completion
+            prompt, the raw text after the ``<bos>`` the tokenizer adds on its own (if any).
+        system_prompt: chat only.
+
+    Returns:
+        The text.
+
+    Raises:
+        ValueError: chat with a tokenizer that has no chat template.
+    """
+    if chat:
+        return render_chat(tokenizer, [prompt], (), system_prompt)
+    return bos_text(tokenizer) + prompt

@@ -360,9 +360,12 @@ def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
     return out
 
 
-def _draft_and_loop_ms(model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int) -> float:
+def _draft_and_loop_ms(
+    model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int, chat: bool | None = None
+) -> float:
     """Milliseconds per round outside the target's forward: drafting plus the loop's own work."""
-    gen = SpeculativeGenerator(model, tokenizer, drafter, d, SamplingConfig(max_new_tokens=new_tokens))
+    sampling = SamplingConfig(max_new_tokens=new_tokens)
+    gen = SpeculativeGenerator(model, tokenizer, drafter, d, sampling, chat=chat)
     t0 = time.perf_counter()
     res = gen.generate([prompt])[0]
     wall = (time.perf_counter() - t0) * 1e3
@@ -380,12 +383,13 @@ def plan_draft_shape(
     cache_dir: str | Path | None = None,
     ev: OnPolicyEval | None = None,
     lookup: DraftConfig | None = None,
+    chat: bool | None = None,
 ) -> DraftPlan:
     """Pick the draft shape with the highest predicted greedy tokens/s (module docstring).
 
     Args:
         model: the target (eval mode), on its device and dtype.
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer.
         drafter: the drafter, on the same device and dtype.
         prompts: calibration prompts (a few: each is answered by the target once, ``max_new_tokens``).
         max_new_tokens: answer length of the calibration prompts.
@@ -396,6 +400,8 @@ def plan_draft_shape(
             shared by the drafters of one benchmark); None builds it here.
         lookup: its prompt-lookup fields go onto every candidate and into the prediction (module
             docstring); None or ``lookup = 0``: no lookup.
+        chat: prompts through the chat template (True), as completion prompts (False), or as the
+            tokenizer decides (None, :func:`~slimspec_convert.targets.load.resolve_chat`).
 
     Returns:
         :class:`DraftPlan`.
@@ -409,7 +415,9 @@ def plan_draft_shape(
     t0 = time.perf_counter()
     aux = resolve_aux_layers(drafter.config, model)
     if ev is None:
-        ev = build_onpolicy_eval(model, tokenizer, list(prompts), aux, max_new_tokens=max_new_tokens)
+        ev = build_onpolicy_eval(
+            model, tokenizer, list(prompts), aux, max_new_tokens=max_new_tokens, chat=chat
+        )
     elif list(ev.prompts) != list(prompts) or tuple(ev.aux_layers) != tuple(aux):
         raise ValueError(
             f"plan_draft_shape: the on-policy set was built for {len(ev.prompts)} other prompts or aux "
@@ -426,7 +434,7 @@ def plan_draft_shape(
         fields = {f: getattr(lookup, f) for f in ("lookup", "lookup_min_ngram", "lookup_max_ngram")}
         shapes = [replace(s, **fields) for s in shapes]
         looked = lookup_rounds(ev, depth_max, shapes[0])
-    _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens)  # warm-up
+    _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens, chat)  # warm-up
     cands = []
     starts = round_starts(ev, depth_max)  # the columns of ranks and of looked
     for s in shapes:
@@ -440,11 +448,11 @@ def plan_draft_shape(
             tau = 1.0 + float(accepted[seen].mean())
             nodes = verified_tokens(s) + proposed[seen] - torch.minimum(a_d, a_l)[seen]
             v = statistics.fmean(vc.at(int(n)) for n in nodes.tolist())
-        other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens)
+        other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens, chat)
         cands.append(ShapeCandidate(shape_name(s), asdict(s), tau, v, other, tau / ((v + other) / 1e3)))
     cands.sort(key=lambda c: -c.predicted_tokens_per_s)
     best = DraftConfig(**cands[0].draft)
     plain_shape = replace(best, lookup=0)
-    plain_ms = _draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens)
+    plain_ms = _draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens, chat)
     plain = 1e3 / (vc.at(1) + plain_ms)
     return DraftPlan(best, tuple(cands), plain, vc, len(prompts), time.perf_counter() - t0)

@@ -97,6 +97,7 @@ class BenchE2EConfig:
     lookup: int = 0  # prompt-lookup tokens grafted per round (DraftConfig.lookup), 0 = off
     lookup_min_ngram: int = DraftConfig.lookup_min_ngram
     lookup_max_ngram: int = DraftConfig.lookup_max_ngram
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
 
     def lookup_config(self, draft: DraftConfig | None = None) -> DraftConfig:
         """``draft`` (default: ``DraftConfig()``) with this run's prompt-lookup fields."""
@@ -253,7 +254,8 @@ def run_e2e(
 
     Args:
         target_model: HF causal LM (eval mode).
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer (prompts rendered as ``cfg.chat`` says,
+            :func:`~slimspec_convert.targets.load.resolve_chat`).
         drafters: name -> drafter, in report order.
         prompts: user prompts.
         cfg: decoding length, batch size, draft method, reference, linear product (set on the
@@ -288,10 +290,10 @@ def run_e2e(
                 progress(f"--draft auto: planning {name}")
             aux = resolve_aux_layers(d.config, target_model)
             if aux not in answered:
-                answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux)
+                answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux, chat=cfg.chat)
             look = cfg.lookup_config() if cfg.lookup else None
             plans[name] = plan_draft_shape(
-                target_model, tokenizer, d, calibration, ev=answered[aux], lookup=look
+                target_model, tokenizer, d, calibration, ev=answered[aux], lookup=look, chat=cfg.chat
             )
             if progress is not None:
                 progress(f"{name}: {plans[name].summary()}")
@@ -304,7 +306,7 @@ def run_e2e(
         sampling = SamplingConfig(max_new_tokens=max_new_tokens)
         draft = shapes.get(name, DraftConfig())  # plain decoding ignores it
         return SpeculativeGenerator(
-            target_model, tokenizer, configs[name], draft, sampling, batch_size=cfg.batch_size
+            target_model, tokenizer, configs[name], draft, sampling, chat=cfg.chat, batch_size=cfg.batch_size
         )
 
     load_before = read_load_1m()

@@ -20,7 +20,7 @@ from slimspec_convert.measure.draft_shape import (
 )
 from slimspec_convert.measure.linear_product import LinearProductChoice, apply_linear_product
 from slimspec_convert.model.drafter import Eagle3Drafter
-from slimspec_convert.targets.load import load_target
+from slimspec_convert.targets.load import PromptMode, load_target, resolve_chat
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ def auto_draft(
     on_plan: Callable[[DraftPlan], None] | None = None,
     calibration: list[str] | None = None,
     lookup: DraftConfig | None = None,
+    chat: bool | None = None,
 ) -> DraftConfig:
     """``--draft auto``: the shape :func:`~slimspec_convert.measure.draft_shape.plan_draft_shape` picks.
 
@@ -75,6 +76,7 @@ def auto_draft(
         calibration: prompts to measure acceptance on (default: the first
             :data:`AUTO_CALIBRATION_PROMPTS` of ``prompts``, whose greedy answers the run then repeats).
         lookup: prompt-lookup fields planned with and kept on the shape (None: no lookup).
+        chat: chat template or completion prompts (None: the tokenizer decides).
 
     Raises:
         ValueError: no drafter, or sampling (the plan predicts greedy acceptance).
@@ -86,7 +88,12 @@ def auto_draft(
             "--draft auto plans for greedy decoding; with --temperature > 0 give --draft tree|chain"
         )
     plan = plan_draft_shape(
-        model, tokenizer, drafter, (calibration or prompts)[:AUTO_CALIBRATION_PROMPTS], lookup=lookup
+        model,
+        tokenizer,
+        drafter,
+        (calibration or prompts)[:AUTO_CALIBRATION_PROMPTS],
+        lookup=lookup,
+        chat=chat,
     )
     if on_plan is not None:
         on_plan(plan)
@@ -105,6 +112,7 @@ def generate_from_paths(
     on_plan: Callable[[DraftPlan], None] | None = None,
     on_linear: Callable[[LinearProductChoice], None] | None = None,
     lookup: DraftConfig | None = None,
+    on_mode: Callable[[PromptMode], None] | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -122,6 +130,8 @@ def generate_from_paths(
             :func:`~slimspec_convert.measure.linear_product.apply_linear_product`) before decoding.
         lookup: its prompt-lookup fields (``DraftConfig.lookup`` ...) are planned with and kept on
             the ``auto`` shape (an explicit ``dcfg`` carries its own).
+        on_mode: called with the prompt mode (chat template or completion,
+            :func:`~slimspec_convert.targets.load.resolve_chat` of ``gcfg.chat``) once the tokenizer is read.
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -140,11 +150,18 @@ def generate_from_paths(
     if gcfg.max_prompts is not None:
         turns = turns[: gcfg.max_prompts]
     model, tokenizer, module = load_generation_models(target, drafter, gcfg)
+    mode = resolve_chat(tokenizer, gcfg.chat)
+    if on_mode is not None:
+        on_mode(mode)
+    if gcfg.all_turns and not mode.chat:
+        raise ValueError("--all-turns runs conversations through the chat template; this target has none")
     linear = apply_linear_product(model, [module], gcfg.linear_product)
     if on_linear is not None:
         on_linear(linear)
     if dcfg == AUTO_DRAFT:
-        dcfg = auto_draft(model, tokenizer, module, [t[0] for t in turns], scfg, on_plan, lookup=lookup)
+        dcfg = auto_draft(
+            model, tokenizer, module, [t[0] for t in turns], scfg, on_plan, lookup=lookup, chat=mode.chat
+        )
     if (notice := eos_notice(model, tokenizer)) is not None:
         logger.warning("notice: %s", notice)
     gen = SpeculativeGenerator(
@@ -153,7 +170,7 @@ def generate_from_paths(
         module,
         dcfg,
         scfg,
-        chat=gcfg.chat,
+        chat=mode.chat,
         system_prompt=gcfg.system_prompt,
         batch_size=gcfg.batch_size,
     )
