@@ -42,6 +42,7 @@ from slimspec_convert.data.records import (
     read_text,
     record_to_conversations,
 )
+from slimspec_convert.targets.load import bos_text, resolve_chat
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class DistillConfig:
             (less padding); False keeps file order.
         exclude: files whose prompts are left out (matched by their whitespace-normalised first user
             turn): the held-out prompts of one's own measurements.
+        chat: render prompts with the chat template (True) or as raw completion text after ``<bos>``
+            (False); None follows the tokenizer (:func:`~slimspec_convert.targets.load.resolve_chat`).
     """
 
     batch_size: int = 64  # CPU: 143 tokens/s at 64 vs 55 at 16 (SmolLM2-135M, 2 cores)
@@ -81,6 +84,7 @@ class DistillConfig:
     max_prompt_tokens: int = 1024
     shuffle: bool = False
     exclude: tuple[str, ...] = ()
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
@@ -232,7 +236,9 @@ def _done_keys(out: Path) -> set[str]:
     return done
 
 
-def _render(tokenizer, rec: PromptRecord, system_prompt: str | None) -> str:
+def _render(tokenizer, rec: PromptRecord, system_prompt: str | None, chat: bool = True) -> str:
+    if not chat:  # a completion prompt: the user turn's text after <bos>
+        return bos_text(tokenizer) + rec.messages[-1][1]
     msgs = rec.as_messages()
     if system_prompt is not None:
         msgs = [{"role": "system", "content": system_prompt}] + [m for m in msgs if m["role"] != "system"]
@@ -381,12 +387,17 @@ def distill(
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     if dtype != "float32":  # float32 records keep the identity they always had
         decoding["dtype"] = dtype
+    mode = resolve_chat(tokenizer, cfg.chat)
+    logger.info("%s", mode.summary())
+    chat = mode.chat
+    if not chat:
+        decoding["prompt"] = "completion"
     done = _done_keys(out)
     todo, skipped = [], 0
     for rec in prompts:
         if _record_key(rec.source, rec.line, decoding) in done:
             continue
-        text = _render(tokenizer, rec, cfg.system_prompt)
+        text = _render(tokenizer, rec, cfg.system_prompt, chat)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_prompt_tokens:
             skipped += 1

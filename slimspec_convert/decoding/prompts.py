@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slimspec_convert.data import jsonl_lines, read_text
+from slimspec_convert.targets.load import bos_text
 
 
 def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, ...]]:
@@ -99,14 +100,6 @@ def render_chat(
         if i < len(assistant_turns):
             messages.append({"role": "assistant", "content": assistant_turns[i]})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def bos_text(tokenizer) -> str:
-    """The ``<bos>`` text the tokenizer puts before raw text on its own (empty when it adds none)."""
-    bos_id = getattr(tokenizer, "bos_token_id", None)
-    if bos_id is None or tokenizer("a")["input_ids"][:1] != [bos_id]:
-        return ""
-    return tokenizer.bos_token
 
 
 def render_prompt(tokenizer, prompt: str, chat: bool, system_prompt: str | None = None) -> str:

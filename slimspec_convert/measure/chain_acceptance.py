@@ -316,7 +316,13 @@ def chain_acceptance(
 
 
 def measured_chain_tau(
-    model, tokenizer, drafter: Eagle3Drafter, prompts: list[str], depth: int, max_new_tokens: int = 64
+    model,
+    tokenizer,
+    drafter: Eagle3Drafter,
+    prompts: list[str],
+    depth: int,
+    max_new_tokens: int = 64,
+    chat: bool | None = None,
 ) -> float:
     """Real greedy chain speculative decoding of ``prompts``: tokens committed per verification.
 
@@ -329,6 +335,7 @@ def measured_chain_tau(
         drafter,
         DraftConfig(method="chain", depth=depth),
         SamplingConfig(max_new_tokens=max_new_tokens),
+        chat=chat,
     )
     committed = [c for r in gen.generate(list(prompts)) for c in r.stats.committed_per_cycle]
     return float(tau_from_committed(committed))

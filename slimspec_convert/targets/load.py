@@ -244,3 +244,12 @@ def resolve_chat(tokenizer, chat: bool | None = None) -> PromptMode:
             "completion prompts"
         )
     return PromptMode(chat=bool(chat), forced=True)
+
+
+def bos_text(tokenizer) -> str:
+    """The ``<bos>`` text the tokenizer puts before raw text on its own (empty when it adds none), so
+    ``tokenizer(bos_text(tok) + text, add_special_tokens=False)`` encodes as ``tokenizer(text)``."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None or tokenizer("a")["input_ids"][:1] != [bos_id]:
+        return ""
+    return tokenizer.bos_token
