@@ -121,7 +121,7 @@ def make_prefix(kind: str, text: str, rng: random.Random) -> tuple[str, int] | N
     if len(text) < 200:
         return None
     cut = _cut_at_space(text, rng.randint(60, min(600, len(text) // 2)))
-    return text[:cut], cut
+    return text[:cut].rstrip(), cut  # never end on whitespace (a split token)
 
 
 def plan(split: str, seed: int) -> list[dict]:

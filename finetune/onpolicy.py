@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from finetune.config import FinetuneConfig
 from slimspec_convert.checkpoint.load import load_drafter
-from slimspec_convert.data.distill import DistillConfig, distill, is_distilled, read_prompts
+from slimspec_convert.data.distill import PROMPT_ROLES, DistillConfig, distill, is_distilled, read_prompts
 from slimspec_convert.data.examples import Example, build_examples
 from slimspec_convert.data.records import DataError, DataStats, read_conversations
 from slimspec_convert.measure.chain_acceptance import (
@@ -55,7 +55,7 @@ class OnPolicyData:
 
 
 def _first_user(conv) -> str:
-    return " ".join(next((m["content"] for m in conv if m["role"] == "user"), "").split())
+    return " ".join(next((m["content"] for m in conv if m["role"] in PROMPT_ROLES), "").split())
 
 
 def _split_prompts(prompts: list, n_heldout: int, seed: int) -> tuple[list, list]:

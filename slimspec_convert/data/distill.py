@@ -35,6 +35,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from slimspec_convert.data.records import (
+    PREFIX_ROLE,
     DataError,
     Message,
     _read_records,
@@ -46,6 +47,9 @@ from slimspec_convert.targets.load import bos_text, resolve_chat
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
+
+PROMPT_ROLES = ("user", PREFIX_ROLE)  # a chat prompt, or the raw text of a completion record
+
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"  # present in a source checkout
 
@@ -162,7 +166,7 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
             )
         for lineno, rec in _read_records(path):
             for conv in record_to_conversations(rec, f"{path}:{lineno}"):
-                first_user = next((i for i, m in enumerate(conv) if m["role"] == "user"), None)
+                first_user = next((i for i, m in enumerate(conv) if m["role"] in PROMPT_ROLES), None)
                 if first_user is None:
                     continue
                 msgs = [m for m in conv[:first_user] if m["role"] == "system"] + [conv[first_user]]
