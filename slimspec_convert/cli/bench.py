@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -281,6 +282,9 @@ def bench_e2e_cmd(
     lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = default(
         BenchE2EConfig, "lookup_max_ngram"
     ),
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = default(
+        BenchE2EConfig, "chat"
+    ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -338,6 +342,12 @@ def bench_vllm(ctx: typer.Context) -> None:
     try:
         python = vllm_python()
     except FileNotFoundError as err:
+        if {"-h", "--help"} & set(ctx.args):  # the options need no vLLM: help works anywhere
+            shown = subprocess.run(
+                [sys.executable, "-m", VLLM_BENCH_MODULE, "--help"], capture_output=True, text=True
+            )
+            typer.echo(shown.stdout + shown.stderr, nl=False)
+            raise typer.Exit(code=shown.returncode) from None
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     raise typer.Exit(code=subprocess.call([python, "-m", VLLM_BENCH_MODULE, *ctx.args]))

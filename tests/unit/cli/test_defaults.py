@@ -177,7 +177,7 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
 
     seen = {}
 
-    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks):
+    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks, on_mode=None):
         seen["generate"], seen["lookup"] = gcfg, dcfg
         return []
 
