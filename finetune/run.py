@@ -101,7 +101,9 @@ def train_drafter(
         return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
 
 
-def _train_eval(tok, examples, eval_data, cfg):
+def train_eval(tok, examples, eval_data, cfg):
+    """(training, held-out) examples: ``eval_data`` files as the held-out set, or else a seeded split
+    of ``examples`` (``cfg.max_eval_fraction``, ``cfg.split_seed``)."""
     if eval_data:
         eval_ex, _ = load_examples(tok, eval_data, cfg.max_length, chat=cfg.chat)
         return examples, eval_ex
@@ -187,7 +189,7 @@ def _data(model, tok, aux, data, out, cfg: FinetuneConfig, eval_data, self_disti
         max_answer_tokens=cfg.max_answer_tokens,
         chat=cfg.chat,
     )
-    train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
+    train_ex, eval_ex = train_eval(tok, examples, eval_data, cfg)
     return _RunData(train_ex, eval_ex, stats)
 
 

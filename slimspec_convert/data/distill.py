@@ -38,8 +38,8 @@ from slimspec_convert.data.records import (
     PREFIX_ROLE,
     DataError,
     Message,
-    _read_records,
     jsonl_lines,
+    read_records,
     read_text,
     record_to_conversations,
 )
@@ -125,11 +125,12 @@ class PromptRecord:
         return [{"role": r, "content": c} for r, c in self.messages]
 
 
-def _normalise(text: str) -> str:
+def normalise(text: str) -> str:
+    """``text`` with every run of whitespace made one space (how prompts are compared)."""
     return " ".join(text.split())
 
 
-def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
+def eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
     """Normalised text of every committed evaluation prompt -> the benchmark file it belongs to (a
     record's own ``source`` when it names one: the per-kind prompts of data/eval/kinds cite their
     upstream benchmark)."""
@@ -147,7 +148,7 @@ def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
                 where = rec.get("source") or str(path.relative_to(eval_dir.parent.parent))
                 for t in texts:
                     if isinstance(t, str) and t.strip():
-                        index.setdefault(_normalise(t), where)
+                        index.setdefault(normalise(t), where)
     return index
 
 
@@ -159,7 +160,7 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
         DataError: malformed data, or a benchmark prompt in a source while ``allow_eval_data`` is off
             (naming the file, the line and the benchmark).
     """
-    index = {} if allow_eval_data else _eval_prompt_index()
+    index = {} if allow_eval_data else eval_prompt_index()
     out = []
     for p in paths:
         path = Path(p)
@@ -167,13 +168,13 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
             raise DataError(
                 f"{path}: an evaluation set, refused as training data (--allow-eval-data overrides)"
             )
-        for lineno, rec in _read_records(path):
+        for lineno, rec in read_records(path):
             for conv in record_to_conversations(rec, f"{path}:{lineno}"):
                 first_user = next((i for i, m in enumerate(conv) if m["role"] in PROMPT_ROLES), None)
                 if first_user is None:
                     continue
                 msgs = [m for m in conv[:first_user] if m["role"] == "system"] + [conv[first_user]]
-                bench = index.get(_normalise(conv[first_user]["content"]))
+                bench = index.get(normalise(conv[first_user]["content"]))
                 if bench is not None:
                     raise DataError(
                         f"{path}:{lineno}: this prompt is in the benchmark {bench}; refused as training data "
@@ -187,7 +188,7 @@ def is_distilled(paths: list[str | Path]) -> bool:
     """True when every file's first record carries distillation provenance (a file :func:`distill` wrote)."""
     for p in paths:
         try:
-            first = next(_read_records(Path(p)), (0, None))[1]
+            first = next(read_records(Path(p)), (0, None))[1]
         except DataError:
             return False
         if not isinstance(first, dict) or "provenance" not in first:
@@ -213,7 +214,7 @@ def _record_key(source: str, line: int, decoding: dict) -> str:
     return f"{source}:{line}:{json.dumps(decoding, sort_keys=True)}"
 
 
-def _drop_partial_tail(out: Path) -> None:
+def drop_partial_tail(out: Path) -> None:
     """Cut a last line without its newline (a write killed mid-record), so appends start on a fresh line."""
     if not out.is_file() or out.stat().st_size == 0:
         return
@@ -228,7 +229,7 @@ def _drop_partial_tail(out: Path) -> None:
 
 def _done_keys(out: Path) -> set[str]:
     done = set()
-    _drop_partial_tail(out)
+    drop_partial_tail(out)
     if not out.is_file():
         return done
     for lineno, raw in jsonl_lines(read_text(out)):
@@ -382,8 +383,8 @@ def distill(
         prompts = [p for p in prompts if (p.source, p.line) in only]
     excluded = 0
     if cfg.exclude:
-        held = {_normalise(r.messages[-1][1]) for r in read_prompts(list(cfg.exclude), allow_eval_data=True)}
-        kept = [p for p in prompts if _normalise(p.messages[-1][1]) not in held]
+        held = {normalise(r.messages[-1][1]) for r in read_prompts(list(cfg.exclude), allow_eval_data=True)}
+        kept = [p for p in prompts if normalise(p.messages[-1][1]) not in held]
         excluded, prompts = len(prompts) - len(kept), kept
     if cfg.shuffle:
         random.Random(cfg.seed).shuffle(prompts)

@@ -129,7 +129,14 @@ def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
             yield lineno, line
 
 
-def _read_records(path: Path) -> Iterator[tuple[int, object]]:
+def read_records(path: Path) -> Iterator[tuple[int, object]]:
+    """(1-based line or index, record) of every record of a JSONL, JSON (a list) or gzipped JSONL file.
+
+    Raises:
+        FileNotFoundError: a missing file.
+        DataError: an unreadable gzip, an empty file, text that is not UTF-8, or a record that is not
+            JSON (named by line).
+    """
     if not path.is_file():
         raise FileNotFoundError(f"{path}: data file not found")
     if path.suffix == ".gz":
@@ -237,7 +244,7 @@ def read_conversations(paths: list[str | Path], stats: DataStats | None = None) 
     for p in paths:
         path = Path(p)
         stats.files.append(str(path))
-        for lineno, rec in _read_records(path):
+        for lineno, rec in read_records(path):
             stats.records += 1
             convs = record_to_conversations(rec, f"{path}:{lineno}")
             stats.conversations += len(convs)

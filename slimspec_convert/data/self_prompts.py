@@ -26,10 +26,10 @@ from pathlib import Path
 
 from slimspec_convert.data.distill import (
     DistillConfig,
-    _drop_partial_tail,
-    _eval_prompt_index,
-    _normalise,
+    drop_partial_tail,
+    eval_prompt_index,
     generate_answers,
+    normalise,
     target_fingerprint,
 )
 from slimspec_convert.data.records import DataError, jsonl_lines, read_text
@@ -95,7 +95,7 @@ def user_turn_prefix(tokenizer, system_prompt: str | None = None) -> str:
 
 
 def _dedup_key(text: str) -> str:
-    return _normalise(text).lower()
+    return normalise(text).lower()
 
 
 def _words(text: str) -> list[str]:
@@ -104,7 +104,7 @@ def _words(text: str) -> list[str]:
 
 def eval_word_runs(n: int, index: dict[str, str] | None = None) -> set[str]:
     """Every run of ``n`` words (lower-cased) of every committed evaluation prompt."""
-    index = _eval_prompt_index() if index is None else index
+    index = eval_prompt_index() if index is None else index
     runs = set()
     for text in index:
         w = _words(text)
@@ -125,7 +125,7 @@ def drop_reason(
         return "short"
     if _dedup_key(text) in seen:
         return "duplicate"
-    if _normalise(text) in eval_index:
+    if normalise(text) in eval_index:
         return "eval"
     n = cfg.overlap_words
     if any(" ".join(w[i : i + n]) in eval_runs for i in range(len(w) - n + 1)):
@@ -178,10 +178,10 @@ def self_prompts(model, tokenizer, out: str | Path, cfg: SelfPromptConfig) -> Se
         raise DataError(f"{out}: self-prompts appends plain JSONL; write FILE.jsonl")
     prefix = user_turn_prefix(tokenizer, cfg.system_prompt)
     target_sha, template_sha = target_fingerprint(model, tokenizer)
-    eval_index = _eval_prompt_index()
+    eval_index = eval_prompt_index()
     eval_runs = eval_word_runs(cfg.overlap_words, eval_index)
     seen, next_batch = set(), 0
-    _drop_partial_tail(out)
+    drop_partial_tail(out)
     if out.is_file():
         for lineno, raw in jsonl_lines(read_text(out)):
             try:

@@ -22,7 +22,7 @@ class NonFiniteError(ValueError):
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """Run small LAPACK calls (eigh, Cholesky, triangular solves) on one thread.
 
     On a shared 2-core machine, MKL's float64 eigh of a [1088, 1088] matrix took 35 s with two
@@ -37,7 +37,7 @@ def _one_thread():
         torch.set_num_threads(num)
 
 
-def _raise_if_nonfinite(total: float, weight: Tensor) -> None:
+def raise_if_nonfinite(total: float, weight: Tensor) -> None:
     """``total`` = ||W||_F^2 from a pass over W; not finite means NaN/inf (or float32 overflow)."""
     if math.isfinite(total):
         return
@@ -47,21 +47,23 @@ def _raise_if_nonfinite(total: float, weight: Tensor) -> None:
     raise ValueError("lm_head weight entries overflow float32 when squared (|w| > 1e19); rescale the head")
 
 
-def _check_weight(weight: Tensor) -> None:
+def check_weight(weight: Tensor) -> None:
+    """Raise ``ValueError`` unless ``weight`` is a 2-D floating-point lm_head weight [V_d, d]."""
     if weight.dim() != 2:
         raise ValueError(f"lm_head weight must be 2-D [V_d, d], got shape {tuple(weight.shape)}")
     if not torch.is_floating_point(weight):
         raise ValueError(f"lm_head weight must be floating point, got {weight.dtype}")
 
 
-def _check_rank(r: int, shape: tuple[int, int]) -> None:
+def check_rank(r: int, shape: tuple[int, int]) -> None:
+    """Raise ``ValueError`` unless ``r`` is an integer in [1, min(V_d, d)] for a head of ``shape``."""
     if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= min(shape):
         raise ValueError(
             f"rank r={r} is outside [1, min(V_d, d)] = [1, {min(shape)}] for an lm_head of shape {shape}"
         )
 
 
-def _blocks(weight: Tensor, block_rows: int = BLOCK_ROWS):
+def row_blocks(weight: Tensor, block_rows: int = BLOCK_ROWS):
     """Yield (start, float32 block) over row blocks of ``weight``, reusing one scratch buffer."""
     buf = torch.empty(min(block_rows, weight.shape[0]), weight.shape[1], dtype=torch.float32)
     for start in range(0, weight.shape[0], block_rows):
@@ -115,7 +117,7 @@ def same_rows(a: Tensor, b: Tensor, block_rows: int = BLOCK_ROWS) -> bool:
     return True
 
 
-def _gram64(w: Tensor, row_weights: Tensor | None = None) -> tuple[Tensor, float]:
+def gram64(w: Tensor, row_weights: Tensor | None = None) -> tuple[Tensor, float]:
     """[d, d] float64 Gram matrix W^T D W and ||D^1/2 W||_F^2 (D = diag(row_weights), default I),
     accumulated over row blocks."""
     d = w.shape[1]
@@ -126,11 +128,11 @@ def _gram64(w: Tensor, row_weights: Tensor | None = None) -> tuple[Tensor, float
         wblk = blk if row_weights is None else blk * row_weights[start : start + BLOCK_ROWS, None]
         gram.addmm_(wblk.T, blk)
         total += float((wblk * blk).sum())
-    _raise_if_nonfinite(total, w)
+    raise_if_nonfinite(total, w)
     return gram, total
 
 
-def _split_scales(s: Tensor, rel_cutoff: float) -> tuple[Tensor, Tensor]:
+def split_scales(s: Tensor, rel_cutoff: float) -> tuple[Tensor, Tensor]:
     """(S^(-1/2), S^(1/2)) for the balanced split, with 0 for directions below the noise floor.
 
     A singular value below ``rel_cutoff * s_max`` is round-off of a rank-deficient head; its

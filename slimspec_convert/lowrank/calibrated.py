@@ -11,11 +11,11 @@ from torch import Tensor
 
 from slimspec_convert.lowrank.blocks import (
     BLOCK_ROWS,
-    _check_rank,
-    _check_weight,
-    _gram64,
-    _one_thread,
-    _split_scales,
+    check_rank,
+    check_weight,
+    gram64,
+    one_thread,
+    split_scales,
 )
 from slimspec_convert.lowrank.svd import Factorization
 
@@ -122,9 +122,9 @@ def calibrated_factorize(
             [d, d], not finite or has no positive trace, damp <= 0, or row weights that are not
             [V_d], finite and positive.
     """
-    _check_weight(weight)
+    check_weight(weight)
     shape = (int(weight.shape[0]), int(weight.shape[1]))
-    _check_rank(r, shape)
+    check_rank(r, shape)
     V_d, d = shape
     if V_d < d:
         raise ValueError(f"calibrated factorisation needs a head with V_d >= d, got shape {shape}")
@@ -147,9 +147,9 @@ def calibrated_factorize(
             raise ValueError(f"row_weights: expected [{V_d}] finite weights, got {tuple(row_weights.shape)}")
         if not bool((row_weights > 0).all()):
             raise ValueError("row_weights: every weight must be > 0")
-    gram, total = _gram64(weight, row_weights)  # W^T D W [d, d]
-    plain, plain_total = (gram, total) if row_weights is None else _gram64(weight)  # W^T W
-    with _one_thread():
+    gram, total = gram64(weight, row_weights)  # W^T D W [d, d]
+    plain, plain_total = (gram, total) if row_weights is None else gram64(weight)  # W^T W
+    with one_thread():
         lam, P = torch.linalg.eigh(C)
         lam = lam.clamp_min(damp * trace / d)  # >= lambda in exact arithmetic
         c_half = (P * lam.sqrt()) @ P.T  # C^(1/2)
@@ -159,7 +159,7 @@ def calibrated_factorize(
         _, G_vec = torch.linalg.eigh(plain)  # plain SVD directions, for the comparison figure
     s = eigval.flip(0).clamp_min(0).sqrt()  # singular values of W C^(1/2), descending
     Q = eigvec.flip(1)[:, :r]  # [d, r]
-    up_scale, down_scale = _split_scales(s[:r], 1e-12)
+    up_scale, down_scale = split_scales(s[:r], 1e-12)
     Q = Q * (down_scale > 0)
     right = c_half @ Q * up_scale  # [d, r]: W_up = W C^(1/2) Q_r S_r^(-1/2) = U_r S_r^(1/2)
     W_down64 = (down_scale[:, None] * Q.T) @ c_inv_half  # [r, d]

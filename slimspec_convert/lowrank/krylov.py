@@ -13,10 +13,10 @@ from torch import Tensor
 
 from slimspec_convert.lowrank.blocks import (
     BLOCK_ROWS,
-    _blocks,
-    _one_thread,
-    _raise_if_nonfinite,
-    _split_scales,
+    one_thread,
+    raise_if_nonfinite,
+    row_blocks,
+    split_scales,
 )
 
 
@@ -27,7 +27,7 @@ def _orthonormalize(Z: Tensor) -> Tensor:
     Householder QR on two cores, and is orthonormal to float64 round-off after the second pass.
     """
     Q = Z.to(torch.float64)
-    with _one_thread():
+    with one_thread():
         for _ in range(2):
             R, info = torch.linalg.cholesky_ex(Q.T @ Q, upper=True)
             if int(info) != 0:  # numerically rank-deficient block (tiny heads): fall back to Householder
@@ -57,7 +57,7 @@ def _count_sketch(w: Tensor, q: int, g: torch.Generator) -> tuple[Tensor, float]
     n, m = w.shape
     Zt = torch.zeros(q, m, dtype=torch.float32)
     total = 0.0
-    for _start, blk in _blocks(w):
+    for _start, blk in row_blocks(w):
         rows = blk.shape[0]
         sign = torch.randint(0, 2, (rows,), generator=g).to(torch.float32).mul_(2).sub_(1)
         full = (rows // q) * q
@@ -65,7 +65,7 @@ def _count_sketch(w: Tensor, q: int, g: torch.Generator) -> tuple[Tensor, float]
         part[: rows - full].addcmul_(blk[full:], sign[full:, None])
         Zt.index_add_(0, torch.randperm(q, generator=g), part)
         total += float(torch.linalg.vector_norm(blk, dim=1).to(torch.float64).pow(2).sum())
-    _raise_if_nonfinite(total, w)
+    raise_if_nonfinite(total, w)
     return Zt, total
 
 
@@ -84,7 +84,7 @@ def _krylov_passes(w: Tensor, basis: list[Tensor], depth: int) -> tuple[list[Ten
         last = k == depth - 1
         Y = torch.empty(n, q, dtype=torch.float32)
         Z = None if last else torch.zeros(m, q, dtype=torch.float32)
-        for start, blk in _blocks(w):
+        for start, blk in row_blocks(w):
             y = torch.mm(blk, basis[k], out=Y[start : start + blk.shape[0]])  # [rows, q]
             if last:
                 C_last += (y.T @ y).to(torch.float64)
@@ -126,12 +126,12 @@ def randomized_factors(
     Zt, total = _count_sketch(w, q, generator or torch.Generator().manual_seed(0))
     basis = [_orth_against(Zt.T, [])]  # Q_1 [m, q]
     Ys, Zs, C_last = _krylov_passes(w, basis, depth)
-    with _one_thread():
+    with one_thread():
         eigval, eigvec = torch.linalg.eigh(_ritz_matrix(basis, Zs, C_last))
     eigval = eigval.flip(0).clamp_min(0)
     Ur = eigvec.flip(1)[:, :r]  # [depth*q, r]
     s = eigval.sqrt()  # Ritz values
-    up_scale, down_scale = _split_scales(s[:r], 1e-6)  # float32 products: noise floor ~1e-7 s_max
+    up_scale, down_scale = split_scales(s[:r], 1e-6)  # float32 products: noise floor ~1e-7 s_max
     kept = float((eigval[:r] * (down_scale > 0)).sum())
     K = torch.cat(basis, dim=1).to(torch.float64)  # [m, depth*q], orthonormal
     W_down = (down_scale[:, None] * (K @ Ur).T).to(out_dtype)  # S^(1/2) X^T, [r, m]

@@ -19,11 +19,11 @@ from torch import Tensor
 
 from slimspec_convert.lowrank.blocks import (
     BLOCK_ROWS,
-    _check_rank,
-    _check_weight,
-    _gram64,
-    _one_thread,
-    _split_scales,
+    check_rank,
+    check_weight,
+    gram64,
+    one_thread,
+    split_scales,
 )
 from slimspec_convert.lowrank.krylov import randomized_factors
 
@@ -91,10 +91,10 @@ def spectrum(weight: Tensor) -> Tensor:
         NonFiniteError: NaN/inf in the weight.
         ValueError: non-2-D or non-float weight.
     """
-    _check_weight(weight)
+    check_weight(weight)
     w = weight if weight.shape[0] >= weight.shape[1] else weight.T
-    gram, _ = _gram64(w)
-    with _one_thread():
+    gram, _ = gram64(w)
+    with one_thread():
         return torch.linalg.eigvalsh(gram).flip(0).clamp_min(0).sqrt()
 
 
@@ -226,9 +226,9 @@ def lowrank_factorize(
         NonFiniteError: NaN/inf in the weight (a ValueError; detected in the first pass over W).
         ValueError: weight not 2-D or not float, r outside [1, min(V_d, d)], or an unknown method.
     """
-    _check_weight(weight)
+    check_weight(weight)
     shape = (int(weight.shape[0]), int(weight.shape[1]))
-    _check_rank(r, shape)
+    check_rank(r, shape)
     if niter < 0 or oversample < 0:
         raise ValueError(f"niter={niter} and oversample={oversample} must be >= 0")
     out_dtype = out_dtype or weight.dtype
@@ -262,12 +262,12 @@ def choose_method(shape: tuple[int, int], exact_max_elements: int = DEFAULT_EXAC
 
 def _exact(w: Tensor, r: int, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, float, float]:
     """Tall w [n, m] (n >= m): factors from the float64 eigendecomposition of W^T W."""
-    gram, total = _gram64(w)
-    with _one_thread():
+    gram, total = gram64(w)
+    with one_thread():
         eigval, eigvec = torch.linalg.eigh(gram)  # ascending
     s = eigval.flip(0).clamp_min(0).sqrt()  # [m]
     Vr = eigvec.flip(1)[:, :r].contiguous()  # [m, r], orthonormal
-    up_scale, down_scale = _split_scales(s[:r], 1e-12)
+    up_scale, down_scale = split_scales(s[:r], 1e-12)
     Vr = Vr * (down_scale > 0)  # dropped directions contribute nothing, to the error sum included
     W_up = torch.empty(w.shape[0], r, dtype=out_dtype)
     kept = 0.0

@@ -8,9 +8,8 @@ names as lightseekorg/TorchSpec PR #185) and writes an HF-style folder the API l
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ from slimspec_convert.workflows.calibrate import (
     default_calibration_files,
     head_row_weights,
 )
+from slimspec_convert.workflows.convert_report import ConvertReport
 from slimspec_convert.workflows.head_rows import full_vocab_head, head_vs_target
 
 
@@ -153,127 +153,6 @@ class ConvertConfig:
 __all__ = ["ConvertReport", "LoadReport", "TargetTensors", "convert", "inspect_drafter", "load_drafter"]
 
 
-@dataclass
-class ConvertReport:
-    """What ``convert`` did (also written to ``OUT/slimspec_report.json``).
-
-    Attributes:
-        source / out: folders.
-        source_format: dialect of the source.
-        rank: kept rank r; rank_rule: how r was chosen.
-        hidden_size: d; vocab_size: rows of the new head (V_d, or V_t with full_vocab).
-        params_before: parameters of the source head (V_d d); params_after: r (d + rows).
-        relative_error: ||W - W_up W_down||_F / ||W||_F (of the float32/64 factors before the cast;
-            W is the assembled full-vocabulary head when full_vocab).
-        energy_retained: sum_{i<r} s_i^2 / ||W||_F^2.
-        seconds: wall time of the conversion.
-        svd_method: "exact", "randomized" (svd_niter extra Krylov blocks) or "calibrated".
-        calibration: with calibration data: rows, source, damp and the expected logit error
-            ``logit_relative_error`` of the factors next to ``svd_logit_relative_error`` of the
-            plain truncated SVD (both under the damped calibration moment).
-        factor_dtype / source_dtype: storage dtypes.
-        full_vocab: rows added from the target (target_rows_added) to a trimmed head.
-        vocab_maps: what happened to d2t / t2d.
-        head_vs_target: cosine / norm statistics of the drafter's rows against the target rows of
-            the same tokens (only with a target; P20: speculators heads are target rows).
-        notes: anything else worth knowing.
-        head_is_embedding: the factorised head equals the embedding table row for row (a tied
-            head; the shortlist rerank needs it); None when no embedding was at hand.
-        warnings: what the user should act on (the CLI prints each on stderr): an uncalibrated
-            result, which accepts almost nothing before calibration or fine-tuning.
-    """
-
-    source: str
-    out: str
-    source_format: str
-    rank: int
-    rank_rule: str
-    hidden_size: int
-    vocab_size: int
-    source_vocab_rows: int
-    params_before: int
-    params_after: int
-    relative_error: float
-    energy_retained: float
-    seconds: float
-    svd_method: str
-    svd_niter: int | None
-    factor_dtype: str
-    source_dtype: str
-    full_vocab: bool
-    target_rows_added: int
-    vocab_maps: str
-    head_vs_target: dict[str, float] = field(default_factory=dict)
-    calibration: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    head_is_embedding: bool | None = None
-    warnings: list[str] = field(default_factory=list)
-    version: str = __version__
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
-
-    def to_json(self) -> str:
-        """Indented JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
-
-    def summary(self) -> str:
-        """Aligned two-column text table."""
-        rows = [
-            ("source", f"{self.source} ({self.source_format})"),
-            ("out", self.out),
-            ("rank r", f"{self.rank} ({self.rank_rule})"),
-            (
-                "head",
-                f"[{self.vocab_size}, {self.hidden_size}] -> W_up [{self.vocab_size}, {self.rank}] "
-                f"@ W_down [{self.rank}, {self.hidden_size}]",
-            ),
-            (
-                "params before / after",
-                f"{self.params_before:,} / {self.params_after:,} "
-                f"({self.params_after / self.params_before:.3f}x)",
-            ),
-            ("relative_error", f"{self.relative_error:.6f}  (||W - W_up W_down||_F / ||W||_F)"),
-            (
-                "energy_retained",
-                f"{self.energy_retained:.6f}"
-                + ("  (share of E||W h||^2 kept, calibration data)" if self.calibration else ""),
-            ),
-            ("svd", self.svd_method + (f" (niter={self.svd_niter})" if self.svd_niter is not None else "")),
-        ]
-        if self.calibration:
-            c = self.calibration
-            rows.append(
-                (
-                    "logit error",
-                    f"{c['logit_relative_error']:.4f} calibrated vs "
-                    f"{c['svd_logit_relative_error']:.4f} plain SVD "
-                    f"(sqrt E||(W - W_up W_down) h||^2 / E||W h||^2, {c['rows']} hidden states)",
-                )
-            )
-        rows += [
-            ("dtype source / factors", f"{self.source_dtype} / {self.factor_dtype}"),
-            ("full_vocab", f"{self.full_vocab} (+{self.target_rows_added} target rows)"),
-            ("d2t / t2d", self.vocab_maps),
-            (
-                "head is embedding",
-                {
-                    True: "yes (--rerank serves it)",
-                    False: "no (--rerank refused)",
-                    None: "unknown (no --target)",
-                }[self.head_is_embedding],
-            ),
-            ("seconds", f"{self.seconds:.2f}"),
-        ]
-        rows += [
-            ("head vs target", ", ".join(f"{k}={v:.4f}" for k, v in self.head_vs_target.items()))
-        ] * bool(self.head_vs_target)
-        rows += [("note", n) for n in self.notes]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
 def convert(
     src: str | Path, out: str | Path, cfg: ConvertConfig, *, calibration: HeadCalibration | None = None
 ) -> ConvertReport:
@@ -339,9 +218,64 @@ def _convert(
     recovered: list[str],
     t0: float,
 ) -> ConvertReport:
-    """:func:`convert` with OUT claimed."""
+    """:func:`convert` with OUT claimed, in its steps: read the source head, calibrate, choose the rank,
+    factorise, then write the folder and its report."""
     if src.resolve() == out.resolve():
         raise ValueError(f"{out}: the output folder is the source folder; choose another OUT")
+    source = _read_source(src, cfg)
+    if calibration is None and cfg.target and cfg.calibrate:  # after the cheap checks: this pass is slow
+        calibration = calibrate_from_files(
+            src,
+            cfg.target,
+            list(cfg.calibration_data or default_calibration_files()),
+            samples=cfg.calibration_samples,
+            device=cfg.device,
+            dtype=cfg.calibration_dtype,
+            source=cfg.calibration_source,
+        )
+    out_dtype = getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else source.W.dtype
+    try:
+        r, rule = _choose_rank(source, cfg)
+        fac = _factorize(source, r, cfg, calibration, out_dtype)
+    except NonFiniteError as e:
+        raise CheckpointError(
+            f"{source.head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
+        ) from e
+    _check_factors(out, fac.W_down, fac.W_up)
+    res, tgt, W = source.res, source.tgt, source.W
+    embed = res.tensors[EMBED_KEY].view() if EMBED_KEY in res.tensors else tgt.embed() if tgt else None
+    is_embedding = same_rows(W, embed) if embed is not None else None  # the rerank's precondition
+    new_cfg = res.config.replace(
+        head_rank=r, draft_vocab_size=int(W.shape[0]), head_is_embedding=is_embedding
+    )
+    items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
+    report = _report(src, out, cfg, source, (r, rule), fac, out_dtype, calibration, recovered, is_embedding)
+    _write_output(out, cfg.force, items, new_cfg, res, report, t0)
+    return report
+
+
+@dataclass
+class _SourceHead:
+    """The source drafter as convert reads it: the resolved checkpoint, the target's tensors (or None),
+    the head to factorise (memory-mapped; with ``full_vocab`` the full [V_t, d] head) and notes."""
+
+    res: ResolvedCheckpoint
+    tgt: TargetTensors | None
+    head: CanonicalTensor
+    W: Tensor  # [rows, d]
+    stats: dict
+    rows_added: int
+    notes: list[str]
+
+
+def _read_source(src: Path, cfg: ConvertConfig) -> _SourceHead:
+    """Step 1: resolve the source layout, refuse a low-rank head, borrow a head the drafter does not
+    store from the target, and with ``cfg.full_vocab`` give a trimmed head every target row.
+
+    Raises:
+        ValueError: an already low-rank head; ``full_vocab`` against an unfit target.
+        CheckpointError: any bad input (:func:`~slimspec_convert.checkpoint.dialects.resolve_checkpoint`).
+    """
     tgt = TargetTensors.open(cfg.target) if cfg.target else None
     res = resolve_checkpoint(
         src,
@@ -357,74 +291,79 @@ def _convert(
     if head is None:
         head = CanonicalTensor(LM_HEAD_KEY, value=borrow(LM_HEAD_KEY, res, tgt), origin="target lm_head")
     W = head.view()  # [V_d, d], memory-mapped
-    notes: list[str] = list(recovered)
+    notes: list[str] = []
     stats = head_vs_target(W, res, tgt) if tgt is not None else {}
     rows_added = 0
     if cfg.full_vocab and dcfg.is_trimmed:
         W, rows_added = full_vocab_head(W, res, tgt), dcfg.vocab_size - dcfg.draft_vocab_size
     elif cfg.full_vocab:
         notes.append("full_vocab: the head already has every target row; nothing added")
-    if calibration is None and cfg.target and cfg.calibrate:  # after the cheap checks: this pass is slow
-        calibration = calibrate_from_files(
-            src,
-            cfg.target,
-            list(cfg.calibration_data or default_calibration_files()),
-            samples=cfg.calibration_samples,
-            device=cfg.device,
-            dtype=cfg.calibration_dtype,
-            source=cfg.calibration_source,
+    return _SourceHead(res, tgt, head, W, stats, rows_added, notes)
+
+
+def _choose_rank(source: _SourceHead, cfg: ConvertConfig) -> tuple[int, str]:
+    """Step 3: the rank r from the rule of ``cfg`` (``--energy``, ``--rank``, ``--rank-fraction`` or d/8)
+    and the rule in words.
+
+    Raises:
+        ValueError: a rank outside [1, min(rows, d)], naming the head.
+        NonFiniteError: NaN/inf in the head (``--energy`` reads its spectrum).
+    """
+    W, d = source.W, source.res.config.hidden_size
+    if cfg.energy is not None:
+        return choose_rank(spectrum(W), d, energy=cfg.energy), f"energy >= {cfg.energy}"
+    try:
+        r = rank_from_rule(min(W.shape), d, rank=cfg.rank, rank_fraction=cfg.rank_fraction)
+    except ValueError as e:
+        raise ValueError(f"{source.head.origin} [{W.shape[0]}, {W.shape[1]}]: {e}") from e
+    if cfg.rank is not None:
+        return r, f"--rank {cfg.rank}"
+    if cfg.rank_fraction is not None:
+        return r, f"--rank-fraction {cfg.rank_fraction} of d"
+    return r, "default d/8"
+
+
+def _factorize(
+    source: _SourceHead, r: int, cfg: ConvertConfig, calibration: HeadCalibration | None, out_dtype
+):
+    """Step 4: the rank-r factors, calibrated when a calibration is given (the expected logit error,
+    frequency-weighted rows), else the truncated SVD (``cfg.svd``: auto, exact or randomized).
+
+    Raises:
+        NonFiniteError: NaN/inf in the head.
+    """
+    W, res = source.W, source.res
+    if calibration is not None:
+        d2t = res.tensors[D2T_KEY].load() if res.config.is_trimmed else None
+        weights = head_row_weights(calibration, int(W.shape[0]), d2t, cfg.calibration_token_weight)
+        return calibrated_factorize(
+            W,
+            r,
+            calibration.second_moment,
+            damp=cfg.calibration_damp,
+            row_weights=weights,
+            out_dtype=out_dtype,
         )
-    out_dtype = getattr(torch, DTYPES[cfg.dtype]) if cfg.dtype else W.dtype
-    d, m = dcfg.hidden_size, min(W.shape)
     method = (
         cfg.svd
         if cfg.svd != "auto"
         else ("exact" if cfg.energy is not None else choose_method(tuple(W.shape)))
     )
-    try:
-        if cfg.energy is not None:
-            r, rule = choose_rank(spectrum(W), d, energy=cfg.energy), f"energy >= {cfg.energy}"
-        else:
-            try:
-                r = rank_from_rule(m, d, rank=cfg.rank, rank_fraction=cfg.rank_fraction)
-            except ValueError as e:
-                raise ValueError(f"{head.origin} [{W.shape[0]}, {W.shape[1]}]: {e}") from e
-            rule = (
-                f"--rank {cfg.rank}"
-                if cfg.rank is not None
-                else f"--rank-fraction {cfg.rank_fraction} of d"
-                if cfg.rank_fraction is not None
-                else "default d/8"
-            )
-        if calibration is not None:
-            d2t = res.tensors[D2T_KEY].load() if dcfg.is_trimmed else None
-            weights = head_row_weights(calibration, int(W.shape[0]), d2t, cfg.calibration_token_weight)
-            fac = calibrated_factorize(
-                W,
-                r,
-                calibration.second_moment,
-                damp=cfg.calibration_damp,
-                row_weights=weights,
-                out_dtype=out_dtype,
-            )
-        else:
-            fac = lowrank_factorize(
-                W,
-                r,
-                method=method,
-                out_dtype=out_dtype,
-                niter=cfg.svd_niter,
-                generator=torch.Generator().manual_seed(cfg.seed),
-            )
-    except NonFiniteError as e:
-        raise CheckpointError(
-            f"{head.origin} has {e.count} NaN/inf entries; the head cannot be factorised"
-        ) from e
-    _check_factors(out, fac.W_down, fac.W_up)
-    embed = res.tensors[EMBED_KEY].view() if EMBED_KEY in res.tensors else tgt.embed() if tgt else None
-    is_embedding = same_rows(W, embed) if embed is not None else None  # the rerank's precondition
-    new_cfg = dcfg.replace(head_rank=r, draft_vocab_size=int(W.shape[0]), head_is_embedding=is_embedding)
-    items = _output_items(res, new_cfg, fac.W_up, fac.W_down)
+    return lowrank_factorize(
+        W,
+        r,
+        method=method,
+        out_dtype=out_dtype,
+        niter=cfg.svd_niter,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+
+
+def _report(src, out, cfg, source: _SourceHead, rank, fac, out_dtype, calibration, recovered, is_embedding):
+    """Step 5: the :class:`ConvertReport` (its ``seconds`` is set when the folder is written)."""
+    r, rule = rank
+    res, W, rows_added = source.res, source.W, source.rows_added
+    dcfg, d = res.config, res.config.hidden_size
     maps = (
         "dropped: full vocabulary"
         if rows_added
@@ -434,7 +373,19 @@ def _convert(
         if dcfg.is_trimmed
         else "none (untrimmed head)"
     )
-    report = ConvertReport(
+    calibrated = (
+        {
+            "rows": calibration.rows,
+            "source": calibration.source,
+            "damp": cfg.calibration_damp,
+            "token_weight": cfg.calibration_token_weight if calibration.token_counts is not None else 0.0,
+            "logit_relative_error": fac.logit_relative_error,
+            "svd_logit_relative_error": fac.svd_logit_relative_error,
+        }
+        if calibration is not None
+        else {}
+    )
+    return ConvertReport(
         source=str(src),
         out=str(out),
         source_format=res.report.source_format,
@@ -451,27 +402,16 @@ def _convert(
         svd_method=fac.method,
         svd_niter=cfg.svd_niter if fac.method == "randomized" else None,
         factor_dtype=str(out_dtype).removeprefix("torch."),
-        source_dtype=str(head.dtype).removeprefix("torch."),
+        source_dtype=str(source.head.dtype).removeprefix("torch."),
         full_vocab=bool(rows_added),
         target_rows_added=rows_added,
         vocab_maps=maps,
-        head_vs_target=stats,
-        calibration={
-            "rows": calibration.rows,
-            "source": calibration.source,
-            "damp": cfg.calibration_damp,
-            "token_weight": cfg.calibration_token_weight if calibration.token_counts is not None else 0.0,
-            "logit_relative_error": fac.logit_relative_error,
-            "svd_logit_relative_error": fac.svd_logit_relative_error,
-        }
-        if calibration is not None
-        else {},
-        notes=notes + res.report.warnings,
+        head_vs_target=source.stats,
+        calibration=calibrated,
+        notes=list(recovered) + source.notes + res.report.warnings,
         head_is_embedding=is_embedding,
         warnings=[] if calibration is not None else [_uncalibrated_warning(src, out, r, cfg)],
     )
-    _write_output(out, cfg.force, items, new_cfg, res, report, t0)
-    return report
 
 
 def _check_factors(out: Path, W_down: Tensor, W_up: Tensor) -> None:

@@ -6,6 +6,8 @@ history names what was removed):
 
 * paths under ``slimspec_convert/``, ``finetune/``, ``tests/``, ``scripts/`` and ``examples/`` (e.g.
   ``slimspec_convert/decoding/hf_generate.py``) exist, relative to the repository root;
+* no module imports another module's underscore-private name (``from a import _helper``): what is
+  shared is public, with a docstring;
 * dotted names of the two packages (e.g. ``slimspec_convert.measure.draft_shape.plan_draft_shape`` in
   a docstring) resolve: the longest module prefix exists, and at most two names follow it, the first
   defined (or imported) in that module.
@@ -13,6 +15,7 @@ history names what was removed):
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +24,7 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP = {"docs/CHANGELOG.md", "tests/unit/test_repository.py"}  # the history; this file's own bad examples
+SKIP = {"docs/CHANGELOG.md", "tests/unit/test_repository.py"}  # history; this file's own bad examples
 PATH_RE = re.compile(
     r"(?<![\w/.-])((?:slimspec_convert|finetune|tests|scripts|examples)/[\w/.-]*\.(?:py|sh))\b"
 )
@@ -89,6 +92,19 @@ def test_every_named_module_and_test_file_exists():
             if name not in FAKE and (why := dotted_problem(name)) is not None:
                 missing.append(f"{rel}: {name}: {why}")
     assert not missing, "\n".join(sorted(set(missing)))
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = []
+    for rel in tracked_text_files():
+        if not rel.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse((REPO / rel).read_text(encoding="utf-8"), rel)):
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                found += [f"{rel}:{node.lineno}: from {node.module} import {name}" for name in private]
+    assert not found, "\n".join(found)
 
 
 def test_the_checks_catch_a_removed_module():

@@ -170,16 +170,16 @@ def test_a_gzipped_distilled_file_is_recognised_and_a_gzip_output_refused(prompt
     ],
 )
 def test_committed_onpolicy_answers_hold_no_benchmark_or_heldout_prompt(name, count):
-    from slimspec_convert.data.distill import _eval_prompt_index, _normalise, is_distilled
+    from slimspec_convert.data.distill import eval_prompt_index, is_distilled, normalise
     from slimspec_convert.data.records import read_conversations
 
     path = DATA / "train" / "distilled" / name
     assert is_distilled([path])
-    firsts = [_normalise(c[0]["content"]) for c in read_conversations([path])]
+    firsts = [normalise(c[0]["content"]) for c in read_conversations([path])]
     assert len(firsts) == count
     heldout = [DATA / "heldout" / n for n in ("general24.jsonl", "copy12.jsonl", "writing24.jsonl")]
-    held = {_normalise(r.messages[-1][1]) for r in read_prompts(heldout)}
-    bench = _eval_prompt_index()
+    held = {normalise(r.messages[-1][1]) for r in read_prompts(heldout)}
+    bench = eval_prompt_index()
     assert len(bench) > 1000 and len(held) == 60
     assert not [t for t in firsts if t in bench or t in held]
 

@@ -5,7 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from slimspec_convert.data.distill import _eval_prompt_index, _normalise
+from slimspec_convert.data.distill import eval_prompt_index, normalise
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,10 +32,10 @@ def test_the_committed_kind_prompts_are_what_the_script_builds():
 
 
 def test_every_kind_prompt_is_an_evaluation_prompt_named_by_its_upstream():
-    index = _eval_prompt_index()
+    index = eval_prompt_index()
     for kind, rows in _module().kinds().items():
         for r in rows:
-            where = index[_normalise(r["prompt"])]  # the upstream benchmark, never the derived file
+            where = index[normalise(r["prompt"])]  # the upstream benchmark, never the derived file
             assert where.startswith("data/eval/") and "kinds" not in where, (kind, r["line"], where)
             if kind != "code":  # HumanEval's prompts are also EAGLE's, listed first
                 assert where == r["source"], (kind, r["line"])

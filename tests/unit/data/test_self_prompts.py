@@ -133,15 +133,15 @@ def test_cli_refuses_a_gzip_output_and_bad_settings(tmp_path):
 def _assert_kept_by_the_filters(texts: list[str]) -> None:
     """Re-check committed self-prompts in order against the rules above (nothing to drop) and
     against the general held-out prompts (none is one)."""
-    from slimspec_convert.data.distill import _eval_prompt_index, _normalise
+    from slimspec_convert.data.distill import eval_prompt_index, normalise
 
-    cfg, index, seen = SelfPromptConfig(num=1), _eval_prompt_index(), set()
+    cfg, index, seen = SelfPromptConfig(num=1), eval_prompt_index(), set()
     runs = sp.eval_word_runs(cfg.overlap_words, index)
     for t in texts:
         assert sp.drop_reason(t, seen, index, runs, cfg) is None, t
         seen.add(sp._dedup_key(t))
-    held = {_normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
-    assert not held & {_normalise(t) for t in texts}
+    held = {normalise(r.messages[-1][1]) for r in read_prompts([DATA / "heldout" / "general24.jsonl"])}
+    assert not held & {normalise(t) for t in texts}
 
 
 def test_committed_self_prompts_pass_every_filter_and_their_answers_match_them():

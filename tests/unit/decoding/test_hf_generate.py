@@ -166,7 +166,7 @@ def _exact_two_token_distribution(model, prompt, temperature, top_k, top_p) -> t
 
 def test_sampling_is_lossless_through_generate(target16, prompts16):
     # The distribution test of test_speculative.py, end to end: N rows of one prompt, two tokens each.
-    from tests.unit.decoding.test_speculative import _empirical_tv, _tv_bound
+    from tests.unit.decoding.test_speculative import empirical_tv, tv_bound
 
     T, K, P_, N = 0.9, 6, 0.95, 8000
     prompt = prompts16[0]
@@ -175,7 +175,7 @@ def test_sampling_is_lossless_through_generate(target16, prompts16):
     kw = dict(do_sample=True, temperature=T, top_k=K, top_p=P_, max_new_tokens=2)
     out = spec(target16, drafter, input_ids=torch.tensor([prompt] * N), draft=TREE, seed=1, **kw)
     samples = out[:, len(prompt) :]
-    tv, bound = _empirical_tv(samples, exact), _tv_bound(exact.flatten(), N)
+    tv, bound = empirical_tv(samples, exact), tv_bound(exact.flatten(), N)
     assert (
         bound < 0.065 and tv < bound
     )  # the test can tell a 0.1 error from sampling noise, f"TV {tv:.4f} >= bound {bound:.4f}"

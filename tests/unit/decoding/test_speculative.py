@@ -217,7 +217,7 @@ def _markov_tables(temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0
     )
 
 
-def _tv_bound(exact: torch.Tensor, n: int, delta: float = 1e-6) -> float:
+def tv_bound(exact: torch.Tensor, n: int, delta: float = 1e-6) -> float:
     # E[TV] <= 1/2 sum_i sqrt(p_i (1 - p_i) / n) (Jensen per cell); TV has bounded differences
     # 1/n per sample, so McDiarmid adds sqrt(ln(1/delta) / (2 n)) with failure probability delta.
     mean_bound = 0.5 * float((exact * (1 - exact) / n).sqrt().sum())
@@ -241,7 +241,7 @@ def _first_two_tokens(round_fn, n: int, start: int, g: torch.Generator) -> torch
     return got
 
 
-def _empirical_tv(samples: torch.Tensor, exact: torch.Tensor) -> float:
+def empirical_tv(samples: torch.Tensor, exact: torch.Tensor) -> float:
     V = exact.shape[-1]
     counts = torch.bincount(samples[:, 0] * V + samples[:, 1], minlength=V * V).double()
     return 0.5 * float((counts / samples.shape[0] - exact.flatten()).abs().sum())
@@ -323,8 +323,8 @@ def test_sampling_is_lossless_on_markov_target(method, processing):
     rounds["tree+lookup"] = lambda: _lookup_round(target_p, draft_q, 2)
     round_fn = rounds[method]()
     samples = _first_two_tokens(round_fn, N_TRIALS, start, g)
-    tv = _empirical_tv(samples, exact)
-    bound = _tv_bound(exact.flatten(), N_TRIALS)
+    tv = empirical_tv(samples, exact)
+    bound = tv_bound(exact.flatten(), N_TRIALS)
     assert bound < 0.03  # the test can tell a 0.05 error from sampling noise
     assert tv < bound, f"{method}: TV {tv:.4f} >= bound {bound:.4f}"
     # Guard: drafts were really accepted (else the test would only check plain sampling).

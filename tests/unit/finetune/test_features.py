@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from finetune.train.features import MANIFEST, FeatureCache
-from tests.unit.finetune.test_trainer import AUX, _examples, _peaky_target, _trainer
+from tests.unit.finetune.test_trainer import AUX, make_examples, make_trainer, peaky_target
 
 
 def test_cached_features_train_like_the_live_target(tmp_path):
-    live = _trainer(tmp_path / "live", steps=4, bf16_autocast=False)
-    cached = _trainer(tmp_path / "cached", steps=4, bf16_autocast=False, feature_cache=str(tmp_path / "f"))
+    live = make_trainer(tmp_path / "live", steps=4, bf16_autocast=False)
+    cached = make_trainer(
+        tmp_path / "cached", steps=4, bf16_autocast=False, feature_cache=str(tmp_path / "f")
+    )
     assert cached.prepare_features() == 40  # 32 training + 8 held-out examples
     assert cached.prepare_features() == 0  # all stored
     a = [live.train_step()[0] for _ in range(4)]
@@ -23,8 +25,8 @@ def test_cached_features_train_like_the_live_target(tmp_path):
 
 
 def test_a_killed_build_keeps_its_shards_and_another_target_is_refused(tmp_path):
-    examples, pad = _examples(12)
-    target = _peaky_target()
+    examples, pad = make_examples(12)
+    target = peaky_target()
     cache = FeatureCache(tmp_path, target, AUX, pad, shard_examples=5)
     assert cache.build(examples[:7]) == 7  # two shards
     again = FeatureCache(tmp_path, target, AUX, pad, shard_examples=5)
@@ -34,7 +36,7 @@ def test_a_killed_build_keeps_its_shards_and_another_target_is_refused(tmp_path)
     n = max(e.input_ids.numel() for e in examples[:3])
     assert out.aux_hidden.shape == (3, n, 96) and out.final_hidden.shape == (3, n, 32)
     assert len(set(json.loads((tmp_path / MANIFEST).read_text())["shards"].values())) == 3  # 5 + 2, then 5
-    other = _peaky_target()
+    other = peaky_target()
     with torch.no_grad():
         other.lm_head.weight.mul_(2)
     with pytest.raises(ValueError, match="another target or aux layers"):

@@ -14,7 +14,7 @@ from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from tests.helpers.eagle3_layouts import save_tiny_target
 from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
-from tests.unit.finetune.test_trainer import _examples
+from tests.unit.finetune.test_trainer import make_examples
 
 
 @dataclass
@@ -26,7 +26,7 @@ class _Score:
 
 
 def test_selection_keeps_the_initial_drafter_when_every_step_is_worse(tmp_path):
-    examples, pad = _examples(8)
+    examples, pad = make_examples(8)
     drafter = tiny_drafter(seed=2)
     initial = {k: v.clone() for k, v in drafter.state_dict().items()}
     scores = iter([2.0, 1.9, 1.7, 1.8])  # step 0, then every evaluation is worse than the start
@@ -79,13 +79,11 @@ def test_the_heldout_split_follows_split_seed_not_seed(tmp_path, monkeypatch):
     import pytest
 
     from finetune import onpolicy
-    from finetune.run import _train_eval
+    from finetune.run import train_eval
 
     examples = list(range(100))
     held = {
-        (seed, split): tuple(
-            _train_eval(None, examples, None, FinetuneConfig(seed=seed, split_seed=split))[1]
-        )
+        (seed, split): tuple(train_eval(None, examples, None, FinetuneConfig(seed=seed, split_seed=split))[1])
         for seed, split in ((0, 0), (1, 0), (0, 1))
     }
     assert held[(0, 0)] == held[(1, 0)] != held[(0, 1)] and len(held[(0, 0)]) == 5

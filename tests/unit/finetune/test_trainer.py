@@ -20,7 +20,7 @@ from tests.helpers.models import DATA, tiny_drafter, tiny_target, tiny_tokenizer
 AUX = (2, 3, 4)
 
 
-def _examples(n: int, max_length: int = 96):
+def make_examples(n: int, max_length: int = 96):
     tok = tiny_tokenizer()
     convs = read_conversations([DATA / "train" / "gsm8k" / "train.jsonl"])[: 2 * n]
     examples = build_examples(tok, convs, max_length)[:n]
@@ -28,7 +28,7 @@ def _examples(n: int, max_length: int = 96):
     return examples, tok.pad_token_id
 
 
-def _peaky_target():
+def peaky_target():
     """The tiny random target with a 20x sharper head, so there is something to learn."""
     target = tiny_target()
     with torch.no_grad():
@@ -77,8 +77,8 @@ def test_kl_target_at_p_is_target_distribution_for_token_p_plus_1():
     assert ref0[0, 1:4, 0].tolist() == [2.0, 3.0, 4.0]  # position p=t+1 for t = 1, 2, 3
 
 
-def _trainer(tmp_path, steps=30, drafter=None, world_examples=None, **kw):
-    examples, pad = world_examples or _examples(40)
+def make_trainer(tmp_path, steps=30, drafter=None, world_examples=None, **kw):
+    examples, pad = world_examples or make_examples(40)
     cfg = FinetuneConfig(
         steps=steps,
         lr=kw.pop("lr", 3e-3),
@@ -95,7 +95,7 @@ def _trainer(tmp_path, steps=30, drafter=None, world_examples=None, **kw):
     )
     return Trainer(
         drafter or tiny_drafter(seed=3),
-        _peaky_target(),
+        peaky_target(),
         AUX,
         examples[:32],
         examples[32:],
@@ -106,7 +106,7 @@ def _trainer(tmp_path, steps=30, drafter=None, world_examples=None, **kw):
 
 
 def test_training_lowers_kl_and_raises_heldout_acceptance(tmp_path):
-    tr = _trainer(tmp_path, steps=20, eval_every=20)
+    tr = make_trainer(tmp_path, steps=20, eval_every=20)
     result = tr.run()
     assert sum(result.losses[-5:]) / 5 < 0.7 * sum(result.losses[:5]) / 5
     assert result.best["acceptance"][0] > result.before["acceptance"][0] + 0.05
@@ -129,7 +129,7 @@ def _loss_per_step_reference(tr, batch, temperature=1.0):
 
 
 def test_shared_reference_rows_give_the_per_step_loss_and_bf16_heads_stay_close(tmp_path):
-    tr = _trainer(tmp_path, steps=1, bf16_autocast=False)
+    tr = make_trainer(tmp_path, steps=1, bf16_autocast=False)
     batch = tr._local_batch(0, 0)
     counts = tr._valid_counts(batch)
     with torch.no_grad():
@@ -146,8 +146,8 @@ def test_shared_reference_rows_give_the_per_step_loss_and_bf16_heads_stay_close(
 def test_teacher_temperature_sharpens_the_training_reference_only(tmp_path, train):
     """--teacher-temperature T: the loss is KL(softmax(z / T) || draft) (dense and fused-head paths);
     the held-out metrics still compare with the target itself."""
-    plain = _trainer(tmp_path / "t1", steps=1, train=train, bf16_autocast=False)
-    sharp = _trainer(tmp_path / "t05", steps=1, train=train, bf16_autocast=False, teacher_temperature=0.5)
+    plain = make_trainer(tmp_path / "t1", steps=1, train=train, bf16_autocast=False)
+    sharp = make_trainer(tmp_path / "t05", steps=1, train=train, bf16_autocast=False, teacher_temperature=0.5)
     batch = sharp._local_batch(0, 0)
     counts = sharp._valid_counts(batch)
     with torch.no_grad():
@@ -182,15 +182,15 @@ def _loss_on_rows_reference(tr, batch, ids, temperature):
 def test_loss_vocab_trains_on_the_most_frequent_answer_tokens_only(tmp_path):
     """--loss-vocab N: the training KL runs over the N most frequent supervised tokens (ties to the
     lower id); the held-out metrics still cover every token."""
-    examples, pad = _examples(40)
+    examples, pad = make_examples(40)
     counts = {}
     for e in examples[:32]:
         for tok in e.input_ids[e.loss_mask].tolist():
             counts[tok] = counts.get(tok, 0) + 1
     ranked = sorted(range(128), key=lambda i: (-counts.get(i, 0), i))
     kw = dict(steps=1, train="body", bf16_autocast=False, teacher_temperature=0.5)
-    plain = _trainer(tmp_path / "all", **kw)
-    trimmed = _trainer(tmp_path / "48", loss_vocab=48, **kw)
+    plain = make_trainer(tmp_path / "all", **kw)
+    trimmed = make_trainer(tmp_path / "48", loss_vocab=48, **kw)
     assert trimmed.loss_ids.tolist() == sorted(ranked[:48])
     assert len(counts) > 48  # the cut really drops supervised tokens
     batch = trimmed._local_batch(0, 0)
@@ -209,8 +209,8 @@ def test_loss_vocab_trains_on_the_most_frequent_answer_tokens_only(tmp_path):
 
 def test_loss_vocab_of_every_token_is_the_full_loss(tmp_path):
     kw = dict(steps=1, train="body", bf16_autocast=False)
-    plain = _trainer(tmp_path / "all", **kw)
-    every = _trainer(tmp_path / "128", loss_vocab=128, **kw)
+    plain = make_trainer(tmp_path / "all", **kw)
+    every = make_trainer(tmp_path / "128", loss_vocab=128, **kw)
     batch = every._local_batch(0, 0)
     n = every._valid_counts(batch)
     with torch.no_grad():
@@ -231,16 +231,16 @@ def test_loss_vocab_rejects_what_it_cannot_trim(tmp_path):
     with pytest.raises(ValueError, match="train='body'"):
         FinetuneConfig(loss_vocab=64, train="head")
     with pytest.raises(ValueError, match="exceeds the vocabulary"):
-        _trainer(tmp_path / "big", steps=1, train="body", loss_vocab=129)
+        make_trainer(tmp_path / "big", steps=1, train="body", loss_vocab=129)
     with pytest.raises(ValueError, match="trimmed draft vocabulary"):
         trimmed_drafter = tiny_drafter(draft_vocab_size=64)
-        _trainer(tmp_path / "d2t", steps=1, train="body", loss_vocab=32, drafter=trimmed_drafter)
+        make_trainer(tmp_path / "d2t", steps=1, train="body", loss_vocab=32, drafter=trimmed_drafter)
 
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_frozen_head_takes_the_fused_kl_with_the_same_loss_and_gradients(tmp_path, bf16):
     """train='body' (frozen dense head): the chunked head + KL equals the head logits' KL."""
-    tr = _trainer(tmp_path, steps=1, train="body", bf16_autocast=False)
+    tr = make_trainer(tmp_path, steps=1, train="body", bf16_autocast=False)
     tr.bf16_heads = bf16
     assert tr._frozen_weight(tr.drafter.lm_head) is not None  # the fused path is the one taken
     batch = tr._local_batch(0, 0)
@@ -263,7 +263,7 @@ def test_frozen_head_takes_the_fused_kl_with_the_same_loss_and_gradients(tmp_pat
 
 def test_pinned_step_values(tmp_path):
     """Regression pin: the first losses of a seeded run (computed once with this code, float32 CPU)."""
-    tr = _trainer(tmp_path, steps=3, bf16_autocast=False)
+    tr = make_trainer(tmp_path, steps=3, bf16_autocast=False)
     losses = [tr.train_step()[0] for _ in range(3)]
     assert losses == pytest.approx(PINNED, rel=1e-3)
 
@@ -276,8 +276,8 @@ class _KillError(Exception):
 
 
 def test_resume_after_kill_repeats_the_same_losses(tmp_path):
-    full = _trainer(tmp_path / "a", steps=8).run().losses
-    killed = _trainer(tmp_path / "b", steps=8, save_every=2)
+    full = make_trainer(tmp_path / "a", steps=8).run().losses
+    killed = make_trainer(tmp_path / "b", steps=8, save_every=2)
     original = killed.train_step
 
     def dying_step():
@@ -288,7 +288,7 @@ def test_resume_after_kill_repeats_the_same_losses(tmp_path):
     killed.train_step = dying_step
     with pytest.raises(_KillError):
         killed.run()
-    resumed = _trainer(tmp_path / "b", steps=8, save_every=2).run(resume=True)
+    resumed = make_trainer(tmp_path / "b", steps=8, save_every=2).run(resume=True)
     assert resumed.losses == pytest.approx(full, rel=1e-5)
     assert len(resumed.losses) == 8
 
@@ -299,7 +299,7 @@ def test_lowrank_trimmed_head_only_keeps_vocab_maps(tmp_path):
     drafter = tiny_drafter(seed=2, draft_vocab_size=64, head_rank=8)
     d2t, t2d = drafter.d2t.clone(), drafter.t2d.clone()
     before = {n: p.clone() for n, p in drafter.named_parameters()}
-    tr = _trainer(tmp_path, steps=4, drafter=drafter, train="head", eval_every=4)
+    tr = make_trainer(tmp_path, steps=4, drafter=drafter, train="head", eval_every=4)
     tr.run()
     changed = {n for n, p in tr.drafter.named_parameters() if not torch.equal(p, before[n])}
     assert changed == {"lm_head.down.weight", "lm_head.up.weight"}
@@ -314,7 +314,7 @@ def _ddp_worker(rank, world, store, out_dir, result_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        tr = _trainer(out_dir, steps=3)
+        tr = make_trainer(out_dir, steps=3)
         losses = [tr.train_step()[0] for _ in range(3)]
         if rank == 0:
             torch.save({"losses": losses, "fc": tr.drafter.fc.weight.detach()}, result_file)
@@ -323,7 +323,7 @@ def _ddp_worker(rank, world, store, out_dir, result_file):
 
 
 def test_two_process_gloo_matches_one_process(tmp_path):
-    one = _trainer(tmp_path / "one", steps=3)
+    one = make_trainer(tmp_path / "one", steps=3)
     losses = [one.train_step()[0] for _ in range(3)]
     result_file = tmp_path / "ddp.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -341,7 +341,7 @@ def _ddp_cached_worker(rank, world, store, out_dir, cache_dir, result_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        tr = _trainer(out_dir, steps=3, feature_cache=cache_dir, bf16_autocast=False)
+        tr = make_trainer(out_dir, steps=3, feature_cache=cache_dir, bf16_autocast=False)
         dist.barrier()  # both ranks opened the (empty) cache before rank 0 builds it
         result = tr.run()
         if rank == 0:
@@ -351,7 +351,9 @@ def _ddp_cached_worker(rank, world, store, out_dir, cache_dir, result_file):
 
 
 def test_two_processes_share_the_feature_cache_rank_zero_builds(tmp_path):
-    one = _trainer(tmp_path / "one", steps=3, feature_cache=str(tmp_path / "f1"), bf16_autocast=False).run()
+    one = make_trainer(
+        tmp_path / "one", steps=3, feature_cache=str(tmp_path / "f1"), bf16_autocast=False
+    ).run()
     result_file = tmp_path / "ddp.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = (2, str(tmp_path / "store"), str(tmp_path / "two"), str(tmp_path / "f2"), str(result_file))
@@ -366,7 +368,7 @@ def test_head_plus_lora_trains_adapters_and_saves_a_merged_plain_drafter(tmp_pat
 
     drafter = tiny_drafter(seed=4, head_rank=8)
     q_before = drafter.midlayer.self_attn.q_proj.weight.detach().clone()
-    tr = _trainer(tmp_path, steps=3, drafter=drafter, train="head+lora", eval_every=3, lr=1e-2)
+    tr = make_trainer(tmp_path, steps=3, drafter=drafter, train="head+lora", eval_every=3, lr=1e-2)
     trainable = {n for n, p in tr.drafter.named_parameters() if p.requires_grad}
     assert "lm_head.up.weight" in trainable and any("lora_A" in n for n in trainable)
     assert not any(n.startswith(("fc.", "norm.", "embed_tokens.")) for n in trainable)
@@ -394,7 +396,7 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     student = tiny_drafter(seed=5, head_rank=4)
     fac = lowrank_factorize(original.lm_head.weight.detach(), 4)
     student.lm_head = LowRankHead.from_factorization(fac)
-    examples = _examples(40)
+    examples = make_examples(40)
     cfg = FinetuneConfig(
         steps=8,
         lr=1e-2,
@@ -410,7 +412,7 @@ def test_teacher_drafter_distils_the_original_head(tmp_path):
     )
     tr = Trainer(
         student,
-        _peaky_target(),
+        peaky_target(),
         AUX,
         examples[0][:32],
         examples[0][32:],
@@ -427,7 +429,7 @@ def test_nonfinite_loss_stops_before_the_update(tmp_path):
     drafter = tiny_drafter(seed=3)
     with torch.no_grad():
         drafter.fc.weight[0, 0] = float("nan")
-    trainer = _trainer(tmp_path, steps=2, drafter=drafter)
+    trainer = make_trainer(tmp_path, steps=2, drafter=drafter)
     before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
     with pytest.raises(ValueError, match=r"finetune step 1: the KL per TTT step is \[nan, nan\] \(NaN/inf\)"):
         trainer.train_step()
@@ -440,7 +442,7 @@ def test_nonfinite_loss_stops_before_the_update(tmp_path):
 
 
 def test_trainer_refuses_a_drafter_and_target_on_different_devices(tmp_path):
-    examples, pad = _examples(4)
+    examples, pad = make_examples(4)
     drafter = tiny_drafter(seed=1).to("meta")  # "meta": another device without a GPU
     with pytest.raises(
         ValueError, match="the drafter is on meta but the target on cpu; put both on one device"

@@ -46,7 +46,7 @@ def test_chain_tau_refuses_an_empty_set():
         chain_tau_from_agreement(torch.zeros(3, 0, dtype=torch.bool))
 
 
-def _greedy_rows(model, prompts, max_new_tokens=24):
+def greedy_rows(model, prompts, max_new_tokens=24):
     rows = []
     for p in prompts:
         out = model.generate(
@@ -67,7 +67,7 @@ def _metric_and_generator(depth):
     drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7, 11, 6, 8, 5)]
-    rows = [r for r in _greedy_rows(target, prompts) if len(r[1]) > depth + 1]
+    rows = [r for r in greedy_rows(target, prompts) if len(r[1]) > depth + 1]
     ev = onpolicy_eval_from_ids(target, rows, AUX)
     agree, starts = chain_agreement(drafter, ev, depth)
     gen = SpeculativeGenerator(
@@ -97,7 +97,7 @@ def test_round_starts_predict_every_round_of_the_generator_exactly(depth):
 def test_chain_acceptance_averages_every_round_start():
     target = tiny_target(seed=3, vocab_size=V)
     drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
-    rows = _greedy_rows(target, [[5, 6, 7, 8], [9, 3, 4]])
+    rows = greedy_rows(target, [[5, 6, 7, 8], [9, 3, 4]])
     ev = onpolicy_eval_from_ids(target, rows, AUX)
     agree, starts = chain_agreement(drafter, ev, 2)
     # every answer position t + 1 with t + 3 still inside the answer is a round start

@@ -21,7 +21,7 @@ from slimspec_convert.measure.chain_acceptance import (
 from slimspec_convert.measure.draft_shape import candidate_shapes, plan_draft_shape, predicted_tau
 from slimspec_convert.measure.verify_cost import VerifyCost, verify_cost
 from tests.helpers.models import tiny_drafter, tiny_target, tiny_tokenizer
-from tests.unit.measure.test_chain_acceptance import AUX, V, _greedy_rows
+from tests.unit.measure.test_chain_acceptance import AUX, V, greedy_rows
 
 
 def test_verify_cost_interpolates_and_extrapolates_linearly():
@@ -51,7 +51,7 @@ def _drafter_and_answers():
     drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7)]
-    return drafter, onpolicy_eval_from_ids(target, _greedy_rows(target, prompts), AUX)
+    return drafter, onpolicy_eval_from_ids(target, greedy_rows(target, prompts), AUX)
 
 
 def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
