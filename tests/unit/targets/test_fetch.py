@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from slimspec_convert.targets.fetch import PIP_TARGETS, _gguf_from_site, fetch_target, target_licence
+from slimspec_convert.targets.fetch import PIP_TARGETS, fetch_target, gguf_from_site, target_licence
 
 GGUF_BYTES = b"GGUF tiny stand-in"
 
@@ -32,14 +32,14 @@ def spec_for(sha256: str):
 
 def test_assembled_gguf_with_the_pinned_hash_is_returned(tmp_path):
     site = fake_site(tmp_path)
-    gguf = _gguf_from_site(spec_for(hashlib.sha256(GGUF_BYTES).hexdigest()), site, tmp_path)
+    gguf = gguf_from_site(spec_for(hashlib.sha256(GGUF_BYTES).hexdigest()), site, tmp_path)
     assert gguf.name == "gemma-3-270m-q4_k_m.gguf" and gguf.read_bytes() == GGUF_BYTES
 
 
 def test_assembled_gguf_with_another_hash_is_refused(tmp_path):
     site = fake_site(tmp_path)
     with pytest.raises(ValueError, match="differs from the pinned 0000"):
-        _gguf_from_site(spec_for("0000"), site, tmp_path)
+        gguf_from_site(spec_for("0000"), site, tmp_path)
 
 
 def test_unknown_name_is_refused_naming_the_choices(tmp_path):
