@@ -105,7 +105,7 @@ def train_eval(tok, examples, eval_data, cfg):
     """(training, held-out) examples: ``eval_data`` files as the held-out set, or else a seeded split
     of ``examples`` (``cfg.max_eval_fraction``, ``cfg.split_seed``)."""
     if eval_data:
-        eval_ex, _ = load_examples(tok, eval_data, cfg.max_length)
+        eval_ex, _ = load_examples(tok, eval_data, cfg.max_length, chat=cfg.chat)
         return examples, eval_ex
     return split_heldout(examples, cfg.max_eval_fraction, cfg.split_seed)
 
@@ -187,6 +187,7 @@ def _data(model, tok, aux, data, out, cfg: FinetuneConfig, eval_data, self_disti
         self_distill=self_distill,
         cache_dir=out,
         max_answer_tokens=cfg.max_answer_tokens,
+        chat=cfg.chat,
     )
     train_ex, eval_ex = train_eval(tok, examples, eval_data, cfg)
     return _RunData(train_ex, eval_ex, stats)
@@ -213,7 +214,7 @@ def _run(drafter, model, tok, runs: _RunData, cfg, out, *, resume, meta, teacher
     if initial is not None and trainer.rank == 0:
         prompts = runs.heldout_prompts[: cfg.measure_prompts]
         result.extra["measured"] = measure_kept(
-            model, tok, initial, Path(out), prompts, cfg.metric_depth, cfg.metric_new_tokens
+            model, tok, initial, Path(out), prompts, cfg.metric_depth, cfg.metric_new_tokens, cfg.chat
         )
         atomic_write_json(Path(out) / REPORT_NAME, result.to_dict())
     return result

@@ -78,6 +78,15 @@ EXTRA_LAYER_PREFIX = "extra_layers."  # canonical layers >= 1, as extra_layers.{
 VLLM_D2T_KEY = "draft_id_to_target_id"
 
 
+# config.json architectures[0] of a dense EAGLE-3 drafter (SpecForge / SGLang / vLLM read it).
+DENSE_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+# architectures[0] of a low-rank drafter: vLLM resolves it only with the slimspec plugin installed
+# (slimspec_convert/engines/vllm); without it vLLM stops with "architectures ... are not supported".
+LOWRANK_ARCHITECTURE = "SlimSpecLlamaForCausalLMEagle3"
+
+
 # Layer prefixes of the published dialects (eagle3-formats.md P1, P2): midlayer.* (EAGLE, SpecForge),
 # midlayer.{i}.* (old ModelOpt), layers.{i}.* (speculators, ModelOpt), model.layers.{i}.* (vLLM).
 LAYER_KEY_RE = re.compile(r"^(?:midlayer\.(\d+)\.|midlayer\.|layers\.(\d+)\.)(.*)$")

@@ -1,4 +1,4 @@
-"""Writing SlimSpec-native drafter folders: ``config.json`` (flat ``LlamaForCausalLMEagle3`` config plus a
+"""Writing SlimSpec-native drafter folders: ``config.json`` (flat EAGLE-3 Llama config plus a
 ``slimspec`` section holding the normalised config) and ``model.safetensors``, readable by SpecForge / SGLang
 for dense heads."""
 
@@ -13,9 +13,11 @@ from safetensors.torch import save_file
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.checkpoint.names import (
     CONFIG_NAME,
+    DENSE_ARCHITECTURE,
     EMBED_KEY,
     HEAD_FROM_TARGET,
     LM_HEAD_KEY,
+    LOWRANK_ARCHITECTURE,
     SLIMSPEC_SECTION,
     WEIGHTS_NAME,
 )
@@ -35,10 +37,14 @@ def hf_config_dict(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
     """A flat SpecForge/SGLang-style config.json for ``cfg`` plus the ``slimspec`` section.
 
     Aux ids are written in the output-of-layer convention inside ``eagle_config`` (what
-    SpecForge and SGLang read) and as boundaries at the top level (vLLM, speculators).
+    SpecForge and SGLang read) and as boundaries at the top level (vLLM, speculators; vLLM reads
+    id ``b`` as the input of decoder layer ``b``, the residual stream after ``b`` blocks). A low-rank
+    head names :data:`LOWRANK_ARCHITECTURE`, which only vLLM with the slimspec plugin resolves (stock
+    engines refuse it instead of building a dense head the file cannot fill).
     """
+    arch = DENSE_ARCHITECTURE if cfg.head_rank is None else LOWRANK_ARCHITECTURE
     out: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLMEagle3"],
+        "architectures": [arch],
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,

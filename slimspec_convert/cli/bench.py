@@ -1,9 +1,11 @@
-"""CLI commands: ``bench head``, ``bench e2e``, ``trim``, ``rank-sweep``."""
+"""CLI commands: ``bench head``, ``bench e2e``, ``bench vllm``, ``trim``, ``rank-sweep``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -279,6 +282,9 @@ def bench_e2e_cmd(
     lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = default(
         BenchE2EConfig, "lookup_max_ngram"
     ),
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = default(
+        BenchE2EConfig, "chat"
+    ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -302,3 +308,46 @@ def bench_e2e_cmd(
         typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
     else:
         typer.echo(e2e_markdown(result))
+
+
+VLLM_BENCH_MODULE = "slimspec_convert.engines.vllm.bench"
+
+
+def vllm_python() -> str:
+    """The Python that runs the vLLM benchmark: this one when it has vLLM, else the checkout's
+    ``.venv-vllm`` (``scripts/setup_vllm.sh``).
+
+    Raises:
+        FileNotFoundError: neither has vLLM.
+    """
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    venv = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if venv.is_file():
+        return str(venv)
+    raise FileNotFoundError(
+        f"{venv}: no vLLM in this environment and no .venv-vllm; run `bash scripts/setup_vllm.sh` first"
+    )
+
+
+@bench_app.command(
+    "vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
+)
+def bench_vllm(ctx: typer.Context) -> None:
+    """Plain, full-head and SlimSpec drafters in vLLM: tokens/s, acceptance, lossless check (--help: options).
+
+    Runs ``python -m slimspec_convert.engines.vllm.bench`` with every argument in the environment that
+    has vLLM (this one, or .venv-vllm): the library never imports vLLM (STYLE.md section 2).
+    """
+    try:
+        python = vllm_python()
+    except FileNotFoundError as err:
+        if {"-h", "--help"} & set(ctx.args):  # the options need no vLLM: help works anywhere
+            shown = subprocess.run(
+                [sys.executable, "-m", VLLM_BENCH_MODULE, "--help"], capture_output=True, text=True
+            )
+            typer.echo(shown.stdout + shown.stderr, nl=False)
+            raise typer.Exit(code=shown.returncode) from None
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    raise typer.Exit(code=subprocess.call([python, "-m", VLLM_BENCH_MODULE, *ctx.args]))

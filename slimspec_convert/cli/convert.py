@@ -1,4 +1,4 @@
-"""CLI commands: ``inspect`` and ``convert``."""
+"""CLI commands: ``inspect``, ``convert`` and ``fix-vllm``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
+from slimspec_convert.checkpoint.engines import engine_support
 from slimspec_convert.checkpoint.load import inspect_drafter
 from slimspec_convert.cli.app import command, config_fields
 from slimspec_convert.workflows.convert import ConvertConfig
 from slimspec_convert.workflows.convert import convert as convert_checkpoint
+from slimspec_convert.workflows.fix_vllm import fix_vllm as fix_vllm_folder
 
 _D = ConvertConfig()
 
@@ -30,9 +32,17 @@ def inspect(
     ] = _D.norm_output_semantics,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Detect a drafter's layout and print its geometry, flags, vocabulary maps and provenance."""
+    """Detect a drafter's layout and print its geometry, flags, vocabulary maps, provenance and which
+    engines (ours, the transformers drop-in, vLLM with and without the slimspec plugin) load it."""
     report = inspect_drafter(path, target, norm_output_semantics=norm_output_semantics)
-    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else report.summary())
+    engines = engine_support(path, report)
+    if json_out:
+        typer.echo(json.dumps({**report.to_dict(), "engines": [e.to_dict() for e in engines]}, indent=2))
+        return
+    typer.echo(report.summary())
+    width = max(len(e.engine) for e in engines)
+    for e in engines:
+        typer.echo(f"engine {e.engine.ljust(width)}  {'loads' if e.loads else 'no'}: {e.why}")
 
 
 @command()
@@ -124,3 +134,18 @@ def convert(
     typer.echo(report.to_json() if json_out else report.summary())
     for line in report.warnings:
         typer.echo(f"warning: {line}", err=True)
+
+
+@command("fix-vllm")
+def fix_vllm(
+    src: Annotated[Path, typer.Argument(help="full-vocabulary drafter folder with an all-zero d2t")],
+    out: Annotated[Path, typer.Argument(help="output folder (must not exist unless --force)")],
+    force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = False,
+) -> None:
+    """Copy a full-vocabulary drafter without its all-zero d2t (and t2d), which stock vLLM refuses.
+
+    SpecForge writes an identity d2t even when the draft vocabulary is the target's; vLLM then stops
+    with "no module or parameter named 'draft_id_to_target_id'". Every other tensor is copied byte for
+    byte; config.json and the other files unchanged.
+    """
+    typer.echo(fix_vllm_folder(src, out, force=force).summary())

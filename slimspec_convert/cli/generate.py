@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -38,9 +39,7 @@ def generate(
     ],
     prompt: Annotated[str | None, typer.Option(help="one prompt")] = None,
     prompts: Annotated[Path | None, typer.Option(help="JSONL with 'prompt' or MT-Bench 'turns'")] = None,
-    chat: Annotated[
-        bool, typer.Option("--chat/--no-chat", help="apply the target's chat template")
-    ] = _GEN.chat,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = _GEN.chat,
     system_prompt: Annotated[
         str | None, typer.Option(help="system message (default: the template's)")
     ] = _GEN.system_prompt,
@@ -150,7 +149,17 @@ def generate(
     on_plan = (lambda plan: typer.echo(plan.summary(), err=True)) if auto else None  # one line: the shape
     on_linear = (lambda c: typer.echo(c.summary(), err=True)) if linear_product == "auto" else None
     results = generate_from_paths(
-        target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan, on_linear
+        target,
+        drafter,
+        prompt,
+        prompts,
+        gcfg,
+        dcfg,
+        scfg,
+        on_text,
+        on_plan,
+        on_linear,
+        on_mode=lambda mode: typer.echo(mode.summary(), err=True),
     )
     if stream:
         typer.echo("")

@@ -118,7 +118,7 @@ class GenerateConfig:
     draft_method: str = AUTO_DRAFT
     lookup: int | None = None
     auto_prompts: str | None = None
-    chat: bool = True
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
     system_prompt: str | None = None  # None keeps the chat template's own default
     all_turns: bool = False
     batch_size: int = 1
@@ -144,7 +144,7 @@ class GenerateConfig:
             raise ValueError(f"GenerateConfig.batch_size={self.batch_size}: expected >= 1")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ValueError(f"GenerateConfig.max_prompts={self.max_prompts}: expected >= 1")
-        if self.all_turns and not self.chat:
+        if self.all_turns and self.chat is False:
             raise ValueError("GenerateConfig.all_turns needs chat (multi-turn prompts use the chat template)")
         check_run_dtype("GenerateConfig", self.dtype)
         check_device_name("GenerateConfig", self.device)

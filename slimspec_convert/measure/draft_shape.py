@@ -291,13 +291,18 @@ def calibration_prompts(path: str | Path | None = None, num: int = AUTO_CALIBRAT
     return [prompts[i] for i in picks]
 
 
-def draft_and_loop_ms(model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int) -> float:
+def draft_and_loop_ms(
+    model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int, chat: bool | None = None
+) -> float:
     """Milliseconds per round outside the target's forward: drafting plus the loop's own work.
 
     Decodes ``prompt`` greedily for ``new_tokens`` tokens with draft ``d`` (``drafter`` None: the
     target alone, with ``d``'s lookup) and subtracts the target's forward time from the wall time.
+    ``chat``: the prompt through the chat template (True), as a completion prompt (False), or as the
+    tokenizer decides (None).
     """
-    gen = SpeculativeGenerator(model, tokenizer, drafter, d, SamplingConfig(max_new_tokens=new_tokens))
+    sampling = SamplingConfig(max_new_tokens=new_tokens)
+    gen = SpeculativeGenerator(model, tokenizer, drafter, d, sampling, chat=chat)
     t0 = time.perf_counter()
     res = gen.generate([prompt])[0]
     wall = (time.perf_counter() - t0) * 1e3
@@ -350,12 +355,13 @@ def plan_draft_shape(
     lookup: DraftConfig | None = None,
     lookups: Sequence[int] | None = None,
     cache: bool = True,
+    chat: bool | None = None,
 ) -> DraftPlan:
     """Pick the draft shape and prompt lookup with the highest predicted greedy tokens/s (module docstring).
 
     Args:
         model: the target (eval mode), on its device and dtype.
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer.
         drafter: the drafter, on the same device and dtype.
         prompts: calibration prompts (a few: each is answered by the target once, ``max_new_tokens``).
         max_new_tokens: answer length of the calibration prompts.
@@ -370,6 +376,8 @@ def plan_draft_shape(
             with ``lookups`` None its ``lookup`` is the one lookup planned with (None or 0: none).
         lookups: the prompt-lookup token counts to choose among (0 = off), e.g. :data:`AUTO_LOOKUPS`.
         cache: read a cached plan of the same key (one made on a quiet machine) and write this one.
+        chat: prompts through the chat template (True), as completion prompts (False), or as the
+            tokenizer decides (None, :func:`~slimspec_convert.targets.load.resolve_chat`).
 
     Returns:
         :class:`DraftPlan`.
@@ -386,6 +394,7 @@ def plan_draft_shape(
     if not ks or ks[0] < 0:
         raise ValueError(f"plan_draft_shape: lookups={ks}, expected token counts >= 0 (0 = off)")
     settings = dict(
+        chat=chat,
         max_new_tokens=max_new_tokens,
         cost_tokens=cost_tokens,
         lookups=list(ks),
@@ -403,7 +412,7 @@ def plan_draft_shape(
             logger.warning("%s: unreadable draft plan cache; planning again", path)
     load_before = read_load_1m()
     plan = _plan(
-        model, tokenizer, drafter, list(prompts), ks, grams, max_new_tokens, cost_tokens, cache_dir, ev
+        model, tokenizer, drafter, list(prompts), ks, grams, max_new_tokens, cost_tokens, cache_dir, ev, chat
     )
     seconds = time.perf_counter() - t0
     plan = replace(plan, seconds=seconds, planned_seconds=seconds)
@@ -413,14 +422,14 @@ def plan_draft_shape(
     return plan
 
 
-def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_tokens, cache_dir, ev):
+def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_tokens, cache_dir, ev, chat):
     """The planning of :func:`plan_draft_shape` (no plan cache)."""
     aux = resolve_aux_layers(drafter.config, model)
     if callable(ev):
         ev = ev()
     if ev is None:
-        ev = build_onpolicy_eval(model, tokenizer, prompts, aux, max_new_tokens=max_new_tokens)
-    elif list(ev.prompts) != prompts or tuple(ev.aux_layers) != tuple(aux):
+        ev = build_onpolicy_eval(model, tokenizer, prompts, aux, max_new_tokens=max_new_tokens, chat=chat)
+    elif list(ev.prompts) != list(prompts) or tuple(ev.aux_layers) != tuple(aux):
         raise ValueError(
             f"plan_draft_shape: the on-policy set was built for {len(ev.prompts)} other prompts or aux "
             f"layers {tuple(ev.aux_layers)}, the drafter reads {tuple(aux)}"
@@ -436,7 +445,7 @@ def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_to
     shapes = [replace(s, **fields) for s in shapes]
 
     def timed(d: DraftConfig) -> float:
-        return draft_and_loop_ms(model, tokenizer, drafter, prompts[0], d, cost_tokens)
+        return draft_and_loop_ms(model, tokenizer, drafter, prompts[0], d, cost_tokens, chat)
 
     def predict(d: DraftConfig, other: float, exact: bool) -> ShapeCandidate:
         if not d.lookup:
@@ -463,6 +472,7 @@ def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_to
             cands[cands.index(c)] = predict(d, timed(d), True)
         cands.sort(key=lambda c: -c.predicted_tokens_per_s)
     best = DraftConfig(**cands[0].draft)
-    plain_ms = draft_and_loop_ms(model, tokenizer, None, prompts[0], replace(best, lookup=0), cost_tokens)
+    plain_shape = replace(best, lookup=0)
+    plain_ms = draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens, chat)
     plain = 1e3 / (vc.at(1) + plain_ms)
     return DraftPlan(best, tuple(cands), plain, vc, len(prompts), 0.0)

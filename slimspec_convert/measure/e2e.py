@@ -101,6 +101,7 @@ class BenchE2EConfig:
     drafter_lookup: tuple[tuple[str, int], ...] = ()  # (name, tokens): one drafter's lookup by hand
     lookup_min_ngram: int = DraftConfig.lookup_min_ngram
     lookup_max_ngram: int = DraftConfig.lookup_max_ngram
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
 
     def lookup_config(self, draft: DraftConfig | None = None, lookup: int = 0) -> DraftConfig:
         """``draft`` (default: ``DraftConfig()``) with this run's n-gram fields and ``lookup`` tokens."""
@@ -270,7 +271,8 @@ def run_e2e(
 
     Args:
         target_model: HF causal LM (eval mode).
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer (prompts rendered as ``cfg.chat`` says,
+            :func:`~slimspec_convert.targets.load.resolve_chat`).
         drafters: name -> drafter, in report order.
         prompts: user prompts.
         cfg: decoding length, batch size, draft method, reference, linear product (set on the
@@ -309,7 +311,7 @@ def run_e2e(
         sampling = SamplingConfig(max_new_tokens=max_new_tokens)
         draft = shapes.get(name, DraftConfig())  # plain decoding ignores it
         return SpeculativeGenerator(
-            target_model, tokenizer, configs[name], draft, sampling, batch_size=cfg.batch_size
+            target_model, tokenizer, configs[name], draft, sampling, chat=cfg.chat, batch_size=cfg.batch_size
         )
 
     load_before = read_load_1m()
@@ -372,7 +374,7 @@ def plan_shapes(
 
     def answers(aux: tuple[int, ...]) -> OnPolicyEval:
         if aux not in answered:
-            answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux)
+            answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux, chat=cfg.chat)
         return answered[aux]
 
     plans = {}
@@ -389,6 +391,7 @@ def plan_shapes(
             ev=lambda aux=aux: answers(aux),
             lookup=cfg.lookup_config(),
             lookups=AUTO_LOOKUPS if hand is None else (hand,),
+            chat=cfg.chat,
         )
         if progress is not None:
             progress(f"{name}: {plans[name].summary()}")

@@ -18,7 +18,7 @@ from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
 from slimspec_convert.measure.provenance import provenance
 from slimspec_convert.measure.tables import e2e_markdown
-from slimspec_convert.targets.load import load_target
+from slimspec_convert.targets.load import load_target, resolve_chat
 
 E2E_JSON, E2E_MD, E2E_PNG = "e2e.json", "e2e.md", "e2e_speedup.png"
 
@@ -127,6 +127,10 @@ def bench_e2e(
         raise FileExistsError(f"{out}: holds e2e results; pass --force to overwrite")
     prompts = [turns[0] for turns in load_prompts(prompts_path)][: cfg.max_prompts]
     model, tokenizer = load_target(target, cfg.dtype, cfg.device)
+    mode = resolve_chat(tokenizer, cfg.chat)
+    if progress is not None:
+        progress(mode.summary())
+    cfg = replace(cfg, chat=mode.chat)
     drafters = {
         n: load_drafter_with_target_embeddings(p, model).to(device=model.device, dtype=model.dtype).eval()
         for n, p in cfg.drafters

@@ -21,7 +21,7 @@ from slimspec_convert.measure.draft_shape import (
 )
 from slimspec_convert.measure.linear_product import LinearProductChoice, apply_linear_product
 from slimspec_convert.model.drafter import Eagle3Drafter
-from slimspec_convert.targets.load import load_target
+from slimspec_convert.targets.load import PromptMode, load_target, resolve_chat
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def auto_draft(
     grams: DraftConfig | None = None,
     calibration: str | Path | None = None,
     on_plan: Callable[[DraftPlan], None] | None = None,
+    chat: bool | None = None,
 ) -> DraftConfig:
     """``--draft auto``: the shape and prompt lookup that
     :func:`~slimspec_convert.measure.draft_shape.plan_draft_shape` picks (cached per machine, drafter and
@@ -86,6 +87,7 @@ def auto_draft(
         calibration: prompt file to plan on (None: the held-out training prompts,
             :func:`~slimspec_convert.measure.draft_shape.calibration_prompts`); never evaluation prompts.
         on_plan: called with the plan before decoding.
+        chat: chat template or completion prompts (None: the tokenizer decides).
 
     Raises:
         ValueError: a hand-set lookup with sampling (give ``--draft tree``); bad calibration prompts.
@@ -103,7 +105,7 @@ def auto_draft(
             )
         lookups = (0,)
     plan = plan_draft_shape(
-        model, tokenizer, drafter, calibration_prompts(calibration), lookup=grams, lookups=lookups
+        model, tokenizer, drafter, calibration_prompts(calibration), lookup=grams, lookups=lookups, chat=chat
     )
     if on_plan is not None:
         on_plan(plan)
@@ -121,6 +123,7 @@ def generate_from_paths(
     on_text: Callable[[str], None] | None = None,
     on_plan: Callable[[DraftPlan], None] | None = None,
     on_linear: Callable[[LinearProductChoice], None] | None = None,
+    on_mode: Callable[[PromptMode], None] | None = None,
 ) -> list[GenerationResult]:
     """Decode one prompt or a prompt file with the target alone or with a drafter.
 
@@ -137,6 +140,8 @@ def generate_from_paths(
         on_plan: called with the :class:`DraftPlan` of ``--draft auto`` before decoding.
         on_linear: called with the linear product set on both models (``gcfg.linear_product``,
             :func:`~slimspec_convert.measure.linear_product.apply_linear_product`) before decoding.
+        on_mode: called with the prompt mode (chat template or completion,
+            :func:`~slimspec_convert.targets.load.resolve_chat` of ``gcfg.chat``) once the tokenizer is read.
 
     Returns:
         One :class:`GenerationResult` per prompt (per turn with ``gcfg.all_turns``).
@@ -155,6 +160,11 @@ def generate_from_paths(
     if gcfg.max_prompts is not None:
         turns = turns[: gcfg.max_prompts]
     model, tokenizer, module = load_generation_models(target, drafter, gcfg)
+    mode = resolve_chat(tokenizer, gcfg.chat)
+    if on_mode is not None:
+        on_mode(mode)
+    if gcfg.all_turns and not mode.chat:
+        raise ValueError("--all-turns runs conversations through the chat template; this target has none")
     linear = apply_linear_product(model, [module], gcfg.linear_product)
     if on_linear is not None:
         on_linear(linear)
@@ -170,6 +180,7 @@ def generate_from_paths(
             grams=dcfg,
             calibration=gcfg.auto_prompts,
             on_plan=on_plan,
+            chat=mode.chat,
         )
     if (notice := eos_notice(model, tokenizer)) is not None:
         logger.warning("notice: %s", notice)
@@ -179,7 +190,7 @@ def generate_from_paths(
         module,
         dcfg,
         scfg,
-        chat=gcfg.chat,
+        chat=mode.chat,
         system_prompt=gcfg.system_prompt,
         batch_size=gcfg.batch_size,
     )

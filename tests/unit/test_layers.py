@@ -17,6 +17,7 @@ rank    modules
 8       ``finetune.config``, 9 ``finetune.train``, 10 the rest of ``finetune``
 11      ``slimspec_convert.workflows``: paths in, reports out
 12      ``slimspec_convert.cli``; 13 ``slimspec_convert`` (the public API)
+14      ``slimspec_convert.engines``: serving-engine plugins (vLLM), nothing imports them
 ======  ==============================================================================
 
 A module may import its own subpackage's modules and anything of a lower rank, never a higher one.
@@ -52,6 +53,7 @@ LAYERS = (
     ("slimspec_convert.workflows",),
     ("slimspec_convert.cli",),
     ("slimspec_convert",),
+    ("slimspec_convert.engines",),
 )
 
 
@@ -242,3 +244,18 @@ def test_checker_finds_the_cycle_through_a_package_init(tmp_path):
     )
     cycle = find_cycle(import_graph(root))
     assert cycle is not None and "finetune.run" in cycle and "slimspec_convert" in cycle
+
+
+def test_only_the_engine_room_imports_an_engine():
+    """STYLE.md section 2: vLLM is imported only under slimspec_convert/engines/ (the plugin's room)."""
+    bad = []
+    for pkg in PACKAGES:
+        for p in sorted((REPO / pkg).rglob("*.py")):
+            if p.is_relative_to(REPO / "slimspec_convert" / "engines"):
+                continue
+            for node in ast.walk(ast.parse(p.read_text(), str(p))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                bad += [f"{p.relative_to(REPO)} imports {n}" for n in names if n.split(".")[0] == "vllm"]
+    assert bad == []

@@ -177,7 +177,7 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
 
     seen = {}
 
-    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks):
+    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks, on_mode=None):
         seen["generate"], seen["lookup"] = gcfg, dcfg
         return []
 
@@ -198,7 +198,8 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
         3,
     )
     args = ["convert", "src", str(tmp_path / "o"), "--target", "t", "--no-calibration", "--device", "cpu"]
-    res = runner.invoke(app, [*args, "--calibration-dtype", "bf16"])
+    # --threads pins the thread count: the default's notice depends on the machine's load at the time
+    res = runner.invoke(app, [*args, "--calibration-dtype", "bf16", "--threads", "1"])
     assert res.exit_code == 0, res.output
     cfg = seen["convert"]
     assert (cfg.calibrate, cfg.device, cfg.calibration_dtype, cfg.target) == (False, "cpu", "bf16", "t")
