@@ -37,7 +37,9 @@ with the lookup on; the means are over the round starts the walk visits with ``m
 The plan also chooses the lookup (``lookups``, by default :data:`AUTO_LOOKUPS`: off or 1-5 tokens): every
 shape is timed once without it, every (shape, lookup) pair is predicted with that timing, and the best
 predictions whose timing was of the shape without lookup are timed again with their lookup on, until the
-best candidate's own timing is in its prediction (:func:`plan_draft_shape`). The plan is cached as JSON
+best candidate's own timing is in its prediction (:func:`plan_draft_shape`). The decision itself is then
+measured (:func:`final_round`): the best predicted candidate without the lookup and the best with it
+decode every calibration prompt, and the faster on this machine is the plan. The plan is cached as JSON
 under ``$SLIMSPEC_CACHE/draft_plan`` per (target, drafter weights, device, dtype, threads, torch,
 calibration prompts, settings), like the verification curve, and is not reused when it was made on a
 busy machine.
@@ -86,7 +88,7 @@ logger = logging.getLogger(__name__)
 AUTO_CALIBRATION_PROMPTS = 4  # prompts the target answers once to measure the drafter's acceptance
 AUTO_LOOKUPS = (0, 1, 2, 3, 4, 5)  # prompt-lookup tokens per round the plan chooses among (0 = off)
 RETIME_CANDIDATES = 4  # best predictions timed again with their own lookup on, per pass
-PLAN_FORMAT = 2  # part of the plan cache key: bump when the planning changes
+PLAN_FORMAT = 3  # part of the plan cache key: bump when the planning changes
 # The default calibration prompts: held-out *training* prompts (data/README.md), never evaluation ones.
 HELDOUT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "heldout" / "general24.jsonl"
 CHAIN_DEPTHS = (1, 2, 3, 4, 5)
@@ -159,6 +161,7 @@ class ShapeCandidate:
 
     ``timed`` says whether ``draft_and_loop_ms`` was timed with this exact draft (lookup included);
     False: it is the same shape's timing without the lookup, a first estimate (:func:`plan_draft_shape`).
+    ``measured_tokens_per_s``: a finalist's tokens/s decoding the calibration prompts (None otherwise).
     """
 
     shape: str
@@ -168,6 +171,7 @@ class ShapeCandidate:
     draft_and_loop_ms: float
     predicted_tokens_per_s: float
     timed: bool = True
+    measured_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +210,16 @@ class DraftPlan:
             if self.cached
             else f"planned in {self.seconds:.0f} s on {self.calibration_prompts} calibration prompts"
         )
+        others = [c for c in self.candidates[1:] if c.measured_tokens_per_s is not None]
+        measured = (
+            f"; measured on the calibration prompts {b.measured_tokens_per_s:.1f} tokens/s against "
+            + ", ".join(f"{c.shape} {c.measured_tokens_per_s:.1f}" for c in others)
+            if b.measured_tokens_per_s is not None and others
+            else ""
+        )
         return (
             f"--draft auto: {b.shape} (predicted tau {b.predicted_tau:.2f}, {b.predicted_tokens_per_s:.1f} "
-            f"tokens/s; plain decoding {self.plain_tokens_per_s:.1f}); runner-up "
+            f"tokens/s; plain decoding {self.plain_tokens_per_s:.1f}{measured}); runner-up "
             + ", ".join(f"{c.shape} {c.predicted_tokens_per_s:.1f}" for c in self.candidates[1:4])
             + f"; {cost}"
         )
@@ -465,14 +476,54 @@ def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_to
     base = {s: timed(replace(s, lookup=ks[0])) for s in shapes}  # each shape once, at the first lookup
     cands = [predict(replace(s, lookup=k), base[s], k == ks[0]) for s in shapes for k in ks]
     cands.sort(key=lambda c: -c.predicted_tokens_per_s)
-    while not cands[0].timed:  # time the best estimates with their own lookup until the best is timed
+    while True:  # time the best estimates with their own lookup until the best with a lookup is timed
+        lead = next((c for c in cands if c.draft["lookup"]), None)
+        if lead is None or lead.timed:
+            break
         todo = [c for c in cands if not c.timed][:RETIME_CANDIDATES]
         for c in todo:
             d = DraftConfig(**c.draft)
             cands[cands.index(c)] = predict(d, timed(d), True)
         cands.sort(key=lambda c: -c.predicted_tokens_per_s)
+    cands = final_round(model, tokenizer, drafter, prompts, cands, max_new_tokens, chat)
     best = DraftConfig(**cands[0].draft)
     plain_shape = replace(best, lookup=0)
     plain_ms = draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens, chat)
     plain = 1e3 / (vc.at(1) + plain_ms)
     return DraftPlan(best, tuple(cands), plain, vc, len(prompts), 0.0)
+
+
+def final_round(
+    model, tokenizer, drafter, prompts, cands: list[ShapeCandidate], max_new_tokens: int, chat: bool | None
+) -> list[ShapeCandidate]:
+    """The lookup decision, measured: the best predicted candidate without the lookup and the best with
+    it decode every calibration prompt (``max_new_tokens``, greedy, in turn per prompt so that machine
+    noise hits both alike), and the one with more tokens/s goes first.
+
+    Returns:
+        ``cands`` with the finalists first (their ``measured_tokens_per_s`` set, faster first), then the
+        rest in predicted order; unchanged when all candidates share one lookup setting.
+    """
+    finalists = []
+    for with_lookup in (False, True):
+        finalists += [c for c in cands if bool(c.draft["lookup"]) == with_lookup][:1]
+    if len(finalists) < 2:
+        return cands
+    samplings = SamplingConfig(max_new_tokens=max_new_tokens)
+    gens = [
+        SpeculativeGenerator(model, tokenizer, drafter, DraftConfig(**c.draft), samplings, chat=chat)
+        for c in finalists
+    ]
+    tokens, seconds = [0] * len(gens), [0.0] * len(gens)
+    for n, prompt in enumerate(prompts):
+        for i in range(len(gens)):
+            k = (i + n) % len(gens)  # the order rotates per prompt
+            t0 = time.perf_counter()
+            res = gens[k].generate([prompt])[0]
+            seconds[k] += time.perf_counter() - t0
+            tokens[k] += res.stats.new_tokens
+    done = [
+        replace(c, measured_tokens_per_s=t / s) for c, t, s in zip(finalists, tokens, seconds, strict=True)
+    ]
+    done.sort(key=lambda c: -c.measured_tokens_per_s)
+    return done + [c for c in cands if c not in finalists]

@@ -141,7 +141,8 @@ def bench_e2e(
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)
-    calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(HELDOUT_PROMPTS))
+    held_out = HELDOUT_PROMPTS.relative_to(HELDOUT_PROMPTS.parents[2])  # data/heldout/general24.jsonl
+    calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(held_out))
     where = f"the first {len(prompts)} of {prompts_path}; draft shapes planned on {calibration}"
     made = provenance(command or "(library call)", str(target), where)
     result = replace(result, provenance=made)

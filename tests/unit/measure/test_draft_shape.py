@@ -208,8 +208,19 @@ def test_the_plan_chooses_the_lookup_and_times_its_winner_with_it(tmp_path):
     assert any(tau[s + "+lookup-3"] > tau[s] for s in shapes)  # guard: the lookup was right somewhere
     assert both.best.timed and all(c.timed for c in both.candidates if "+lookup" not in c.shape)
     assert both.draft == DraftConfig(**both.best.draft) and both.draft.lookup_min_ngram == 1
-    tps = [c.predicted_tokens_per_s for c in both.candidates]
+    # The final round: the best predicted without and with the lookup decoded the calibration prompts;
+    # the faster of the two leads, the rest follow in predicted order.
+    final, rest = both.candidates[:2], both.candidates[2:]
+    assert [bool(c.draft["lookup"]) for c in final] in ([False, True], [True, False])
+    assert final[0].measured_tokens_per_s >= final[1].measured_tokens_per_s > 0
+    assert all(c.measured_tokens_per_s is None for c in rest)
+    for lookup in (False, True):  # each finalist was its group's best prediction
+        group = [c.predicted_tokens_per_s for c in both.candidates if bool(c.draft["lookup"]) == lookup]
+        finalist = next(c for c in final if bool(c.draft["lookup"]) == lookup)
+        assert finalist.timed and finalist.predicted_tokens_per_s == max(group)
+    tps = [c.predicted_tokens_per_s for c in rest]
     assert tps == sorted(tps, reverse=True)
+    assert "measured on the calibration prompts" in both.summary()
     with pytest.raises(ValueError, match="lookups=\\(-1,\\)"):
         plan_draft_shape(target, tok, drafter, prompts, **kw, lookups=(-1,))
 

@@ -108,7 +108,10 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
     made = full_json["provenance"]  # what scripts/make_docs.py cites
     assert made["command"].startswith("slimspec bench e2e --target") and "--draft chain" in made["command"]
-    assert made["target"] == str(target) and made["prompts"].startswith(f"the first 2 of {prompts}")
+    assert (
+        made["target"] == str(target)
+        and made["prompts"] == f"the first 2 of {prompts}; draft shapes planned on none"
+    )
     assert made["versions"]["torch"] == torch.__version__ and made["job"] is None
     plain_ids = [p["output_ids"] for p in full_json["per_prompt"]["none"]]
     for name in ("full", "low", "trim", "lowrr"):
