@@ -90,6 +90,7 @@ class FinetuneConfig:
     distill_new_tokens: int = 256  # answer length cap of the distilled training data
     device: str = "auto"  # cuda when available, else cpu (target and drafter)
     dtype: str = AUTO_DTYPE  # the target's dtype: bfloat16 on CUDA, float32 on the CPU
+    chat: bool | None = None  # chat template / completion records and prompts; None: the tokenizer decides
     feature_cache: str | None = (
         None  # folder of the target's features, computed once (finetune/train/features.py)
     )

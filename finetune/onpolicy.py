@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from finetune.config import FinetuneConfig
 from slimspec_convert.checkpoint.load import load_drafter
-from slimspec_convert.data.distill import DistillConfig, distill, is_distilled, read_prompts
+from slimspec_convert.data.distill import PROMPT_ROLES, DistillConfig, distill, is_distilled, read_prompts
 from slimspec_convert.data.examples import Example, build_examples
 from slimspec_convert.data.records import DataError, DataStats, read_conversations
 from slimspec_convert.measure.chain_acceptance import (
@@ -55,7 +55,7 @@ class OnPolicyData:
 
 
 def _first_user(conv) -> str:
-    return " ".join(next((m["content"] for m in conv if m["role"] == "user"), "").split())
+    return " ".join(next((m["content"] for m in conv if m["role"] in PROMPT_ROLES), "").split())
 
 
 def _split_prompts(prompts: list, n_heldout: int, seed: int) -> tuple[list, list]:
@@ -106,7 +106,7 @@ def prepare_onpolicy(
     else:
         needed = cfg.steps * cfg.batch_size * cfg.grad_accum
         keys = {(r.source, r.line) for r in train_prompts[:needed]}
-        dcfg = DistillConfig(max_new_tokens=cfg.distill_new_tokens)
+        dcfg = DistillConfig(max_new_tokens=cfg.distill_new_tokens, chat=cfg.chat)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         if rank0:  # one writer; the other ranks read the finished file
             distill(model, tokenizer, list(data), out / DISTILLED_NAME, dcfg, only=keys)
@@ -117,10 +117,12 @@ def prepare_onpolicy(
     convs = read_conversations(files, stats)
     held_set = {" ".join(t.split()) for t in held_texts}
     convs = [c for c in convs if _first_user(c) not in held_set]
-    train = build_examples(tokenizer, convs, cfg.max_length, stats, cfg.max_answer_tokens)
+    train = build_examples(tokenizer, convs, cfg.max_length, stats, cfg.max_answer_tokens, cfg.chat)
     if not train:
         raise DataError(f"{', '.join(map(str, files))}: no usable distilled conversation ({stats.summary()})")
-    ev = build_onpolicy_eval(model, tokenizer, held_texts, aux_layers, max_new_tokens=cfg.metric_new_tokens)
+    ev = build_onpolicy_eval(
+        model, tokenizer, held_texts, aux_layers, max_new_tokens=cfg.metric_new_tokens, chat=cfg.chat
+    )
     ends = ev.answer_mask.long().cumsum(1).argmax(1) + 1  # [N] one past the last answer token
     eval_examples = [
         Example(ev.input_ids[n, : int(e)], ev.answer_mask[n, : int(e)]) for n, e in enumerate(ends.tolist())
@@ -139,7 +141,14 @@ def chain_scorer(ev: OnPolicyEval, depth: int):
 
 
 def measure_kept(
-    model, tokenizer, initial: Eagle3Drafter, out: Path, prompts: list[str], depth: int, max_new_tokens: int
+    model,
+    tokenizer,
+    initial: Eagle3Drafter,
+    out: Path,
+    prompts: list[str],
+    depth: int,
+    max_new_tokens: int,
+    chat: bool | None = None,
 ) -> dict:
     """Real greedy chain decoding of held-out ``prompts`` with the initial and the kept drafter.
 
@@ -148,7 +157,7 @@ def measure_kept(
     """
     kept, _ = load_drafter(out, target=model)
     taus = [
-        measured_chain_tau(model, tokenizer, d.float().eval(), prompts, depth, max_new_tokens)
+        measured_chain_tau(model, tokenizer, d.float().eval(), prompts, depth, max_new_tokens, chat)
         for d in (initial, kept)
     ]
     return {"depth": depth, "num_prompts": len(prompts), "initial_tau": taus[0], "kept_tau": taus[1]}

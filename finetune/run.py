@@ -1,5 +1,5 @@
 """Entry points: ``finetune`` (recover a converted drafter) and ``train_drafter`` (a fresh EAGLE-3
-drafter for a target that has none). Paths in, a :class:`~finetune.loop.TrainResult` out."""
+drafter for a target that has none). Paths in, a :class:`~finetune.train.report.TrainResult` out."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def train_drafter(
 
 def _train_eval(tok, examples, eval_data, cfg):
     if eval_data:
-        eval_ex, _ = load_examples(tok, eval_data, cfg.max_length)
+        eval_ex, _ = load_examples(tok, eval_data, cfg.max_length, chat=cfg.chat)
         return examples, eval_ex
     return split_heldout(examples, cfg.max_eval_fraction, cfg.split_seed)
 
@@ -185,6 +185,7 @@ def _data(model, tok, aux, data, out, cfg: FinetuneConfig, eval_data, self_disti
         self_distill=self_distill,
         cache_dir=out,
         max_answer_tokens=cfg.max_answer_tokens,
+        chat=cfg.chat,
     )
     train_ex, eval_ex = _train_eval(tok, examples, eval_data, cfg)
     return _RunData(train_ex, eval_ex, stats)
@@ -211,7 +212,7 @@ def _run(drafter, model, tok, runs: _RunData, cfg, out, *, resume, meta, teacher
     if initial is not None and trainer.rank == 0:
         prompts = runs.heldout_prompts[: cfg.measure_prompts]
         result.extra["measured"] = measure_kept(
-            model, tok, initial, Path(out), prompts, cfg.metric_depth, cfg.metric_new_tokens
+            model, tok, initial, Path(out), prompts, cfg.metric_depth, cfg.metric_new_tokens, cfg.chat
         )
         atomic_write_json(Path(out) / REPORT_NAME, result.to_dict())
     return result

@@ -50,8 +50,12 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def head_label(row: dict) -> str:
-    """What a row's drafter head is, in the words of the docs."""
+def head_label(row: dict, hand_lookup: dict | None = None) -> str:
+    """What a row's drafter head is, in the words of the docs; ``hand_lookup`` (the run's
+    ``config.drafter_lookup`` as a dict) marks a drafter whose prompt lookup was set by hand."""
+    k = (hand_lookup or {}).get(row.get("name"))
+    if k is not None:
+        return head_label(row) + f", `--lookup {k}` by hand"
     kind = row.get("kind")
     if kind == "plain":
         return "none (plain decoding)"
@@ -77,10 +81,13 @@ def provenance_lines(d: dict) -> list[str]:
         if machine.get("load_1m") is not None
         else ""
     )
+    command = f"- Command: `{p.get('command', '?')}`."
+    if p.get("job"):  # the benchmark was one step of a job: the job reproduces the table
+        command = f"- Command: `{p['job']}` (its benchmark step: `{p.get('command', '?')}`)."
     lines = [
         f"- Run: {p.get('date', '?')} on {p.get('machine', '?')}{load_line}; {versions}.",
         f"- Target: {p.get('target', '?')}. Prompts: {p.get('prompts', '?')}.",
-        f"- Command: `{p.get('command', '?')}`.",
+        command,
     ]
     if p.get("note"):
         lines.append(f"- Note: {p['note']}.")
@@ -103,9 +110,10 @@ def e2e_table(d: dict, compact: bool = False) -> list[str]:
             "| round ms | lossless | nu | rho_tau | predicted rho_TPS | measured rho_TPS |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+    hand = dict(d["config"].get("drafter_lookup") or [])
     for r in d["rows"]:
         lossless = "-" if r.get("lossless") is None else ("yes" if r["lossless"] else "NO")
-        cells = [head_label(r), r.get("shape") or "-", fmt(r["tau"]), fmt(r["tokens_per_s"], 2)]
+        cells = [head_label(r, hand), r.get("shape") or "-", fmt(r["tau"]), fmt(r["tokens_per_s"], 2)]
         cells += [fmt(r["speedup"], 2) + "x"]
         if not compact:
             round_ms = sum(
@@ -136,6 +144,11 @@ def e2e_caption(d: dict) -> str:
         f"tokens, {run_on.get('device', cfg['device'])} {run_on.get('dtype', cfg['dtype'])}"
         + (f", fastest of {repeats} interleaved runs per prompt" if repeats > 1 else "")
         + (f", prompt lookup set by hand (`--lookup {cfg['lookup']}`)" if cfg.get("lookup") else "")
+        + (
+            ", draft shape and prompt lookup planned by `--draft auto` (the default) on held-out prompts"
+            if cfg.get("draft_method") == "auto" and cfg.get("lookup") is None
+            else ""
+        )
         + f". tau = accepted drafts + 1 bonus token per target verification. kappa (full head time over "
         f"everything else in a round) = {fmt(kappa)}."
     )
@@ -168,8 +181,13 @@ def results_page() -> str:
         out += [
             "## SmolLM2-135M-Instruct: per kind of prompt, the defaults a user gets",
             "",
-            "`slimspec bench e2e` with no draft flags (`--draft auto`, lookup planned), the committed demo",
-            "drafter, held-out prompts of each kind (sources in `data/README.md`).",
+            "`bash scripts/bench_kinds.sh`: `slimspec bench e2e` with no draft flags (`--draft auto`:",
+            "shape and prompt lookup planned on held-out training prompts), the committed demo drafter",
+            "(full head), the same drafter with the main job's former hand-set `--lookup 3`, and its",
+            "SlimSpec conversion when given, on held-out evaluation prompts of each kind",
+            "(`data/eval/kinds/`, built by `python examples/make_kind_prompts.py`; sources in",
+            "`data/README.md`; nothing was tuned on them). Greedy, fastest of the repeats per prompt;",
+            "speedup against plain decoding in the same run.",
             "",
         ]
         out += kind_table(kinds) + [""]
@@ -197,12 +215,13 @@ def kind_table(kinds: list[tuple[str, dict]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, d in kinds:
+        hand = dict(d["config"].get("drafter_lookup") or [])
         for r in d["rows"]:
             if r.get("kind") == "plain":
                 continue
             lossless = "-" if r.get("lossless") is None else ("yes" if r["lossless"] else "NO")
             lines.append(
-                f"| {kind} | {d['num_prompts']} | {head_label(r)} | {r.get('shape') or '-'} "
+                f"| {kind} | {d['num_prompts']} | {head_label(r, hand)} | {r.get('shape') or '-'} "
                 f"| {fmt(r['tau'])} | {fmt(r['tokens_per_s'], 2)} | {fmt(r['speedup'], 2)}x | {lossless} |"
             )
     return lines
@@ -215,7 +234,7 @@ def headline_block() -> str:
     return "\n".join(
         [
             f"SmolLM2-135M-Instruct target (V = 49,152), {p['machine']}, {p['date']}, "
-            f"`{p['command']}`; {p['prompts']}.",
+            f"`{p.get('job') or p['command']}`; {p['prompts']}.",
             e2e_caption(d),
             "",
             *e2e_table(d, compact=True),

@@ -12,20 +12,20 @@ decoding with it. The public API:
 - :func:`lowrank_factorize`, :func:`calibrated_factorize`: the factorisation (tensors in, tensors out);
 - :func:`predicted_speedup`: the cost model ``rho_TPS = rho_tau (1 + kappa) / (1 + nu kappa)``.
 
-Subpackages, bottom to top: ``lowrank`` (math), ``target``, ``model``, ``checkpoint``, ``decoding``,
+Subpackages, bottom to top: ``lowrank`` (math), ``targets``, ``model``, ``checkpoint``, ``decoding``,
 ``measure``, ``workflows``, ``cli``; ``finetune`` (a sibling package) sits below ``workflows``.
 """
 
 from slimspec_convert.checkpoint.load import inspect_drafter, load_drafter
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.decoding.hf_generate import speculative_generate
 from slimspec_convert.lowrank.calibrated import calibrated_factorize
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.lowrank.svd import lowrank_factorize
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.version import __version__
 from slimspec_convert.workflows.convert import ConvertConfig, convert
+from slimspec_convert.workflows.hf_generate import speculative_generate
 
 convert_checkpoint = convert
 

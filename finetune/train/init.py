@@ -30,6 +30,10 @@ def new_drafter_for_target(
         counts: [V_t] token counts used to pick the kept ids when trimmed.
         seed: initialisation seed.
 
+    The embedding table is the target's own rows, unscaled: a target that scales its embedding
+    (Gemma: ``sqrt(d)``) gives the drafter the same direction, and the first layer's RMSNorm on the
+    embedding removes the scale anyway.
+
     Returns:
         The drafter, float32, with ``aux_layer_ids`` = the upstream default boundaries.
     """
@@ -67,7 +71,7 @@ def new_drafter_for_target(
         drafter.embed_tokens.weight.copy_(target_embeddings(target_model).float())
         target_norm = getattr(getattr(target_model, "model", None), "norm", None)
         if target_norm is not None and tuple(target_norm.weight.shape) == (d,):
-            drafter.norm.weight.copy_(target_norm.weight.float())  # logit lens uses the target's final norm
+            drafter.norm.weight.copy_(norm_scale(target_norm, d))  # logit lens uses the target's final norm
         head = target_lm_head(target_model).float()
         if cfg.is_trimmed:
             if counts is None:
@@ -78,6 +82,24 @@ def new_drafter_for_target(
             head = head[draft_to_target_ids(d2t)]
         drafter.lm_head.weight.copy_(head)
     return drafter
+
+
+@torch.no_grad()
+def norm_scale(norm: nn.Module, d: int) -> Tensor:
+    """The per-channel gain an RMSNorm applies, whatever its parametrisation: ``w`` (Llama) or
+    ``1 + w`` (Gemma), read off its output on a unit-RMS input.
+
+    Args:
+        norm: an RMSNorm module over ``d`` channels.
+        d: its width.
+
+    Returns:
+        [d] float32 gain ``g`` with ``norm(x) = x / rms(x) * g`` (up to eps).
+    """
+    w = next(norm.parameters())
+    x = torch.ones(1, d, dtype=w.dtype, device=w.device)  # rms 1: norm(x) = g / sqrt(1 + eps)
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 0.0)))
+    return (norm(x)[0].float() * (1.0 + eps) ** 0.5).cpu()
 
 
 def _unit_rms(x: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 
 Forward KL to the target over the full vocabulary (``--loss-vocab N``: over the N most frequent
 answer tokens, the head frozen) with the training-time-test unroll
-(finetune/ttt.py), AdamW with warmup + cosine decay, gradient clipping, held-out evaluation that
+(slimspec_convert/model/ttt.py), AdamW with warmup + cosine decay, gradient clipping, held-out evaluation that
 keeps the checkpoint with the best expected acceptance, periodic resumable checkpoints and
 multi-process data parallelism through torch.distributed (torchrun / accelerate launch).
 """

@@ -1,6 +1,6 @@
 """Canonical tensors of a drafter checkpoint and the report of how they were found (I/O layer data).
 
-Canonical names are :class:`~slimspec_convert.drafter.Eagle3Drafter`'s state-dict keys.
+Canonical names are :class:`~slimspec_convert.model.drafter.Eagle3Drafter`'s state-dict keys.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""config.json of any EAGLE-3 dialect -> :class:`~slimspec_convert.config.DrafterConfig` (I/O layer).
+"""config.json of any EAGLE-3 dialect -> :class:`~slimspec_convert.model.config.DrafterConfig` (I/O layer).
 
 The tensors present decide the optional modules (eagle3-formats.md section 11, step 3); the
 config decides geometry, RoPE, aux ids and flags, and every default assumed is reported.
@@ -59,7 +59,7 @@ class ConfigContext:
     """What the config readers share: the flat config, its file, the tensors present, the findings.
 
     ``tensors`` maps canonical keys to objects with ``.shape`` and ``.origin``
-    (:class:`~slimspec_convert.dialects.CanonicalTensor`).
+    (:class:`~slimspec_convert.checkpoint.canonical.CanonicalTensor`).
     """
 
     flat: dict[str, Any]

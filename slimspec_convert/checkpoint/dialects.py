@@ -15,7 +15,7 @@ torchspec    ``lm_head_rank_divisor`` / ``lm_head.down.weight`` (PR #185) ``midl
 slimspec     a ``slimspec`` section in config.json                       canonical
 ===========  ==========================================================  ================================
 
-Canonical names are :class:`~slimspec_convert.drafter.Eagle3Drafter`'s state-dict keys:
+Canonical names are :class:`~slimspec_convert.model.drafter.Eagle3Drafter`'s state-dict keys:
 ``midlayer.*`` for the first layer, ``extra_layers.{i-1}.*`` for layer i >= 1.
 """
 

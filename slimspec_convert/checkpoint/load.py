@@ -169,10 +169,10 @@ def load_drafter(
     the report lists which.
 
     Args:
-        path: checkpoint folder (any dialect in :mod:`slimspec_convert.dialects`).
+        path: checkpoint folder (any dialect in :mod:`slimspec_convert.checkpoint.dialects`).
         target: HF folder, ``.gguf`` file or loaded HF model to borrow from; needed when the file
             has no embedding (EAGLE, SpecForge >= 2025-08, ModelOpt).
-        norm_output_semantics: see :func:`~slimspec_convert.dialects.resolve_checkpoint`.
+        norm_output_semantics: see :func:`~slimspec_convert.checkpoint.dialects.resolve_checkpoint`.
 
     Returns:
         (drafter with parameters in the stored float dtype (float32 if mixed), :class:`LoadReport`).
@@ -204,7 +204,7 @@ def inspect_drafter(
     Args:
         path: checkpoint folder.
         target: optional; only used to read the target depth (aux-id conventions).
-        norm_output_semantics: see :func:`~slimspec_convert.dialects.resolve_checkpoint`.
+        norm_output_semantics: see :func:`~slimspec_convert.checkpoint.dialects.resolve_checkpoint`.
 
     Returns:
         :class:`LoadReport`.

@@ -1,7 +1,7 @@
 """Weight-file formats: safetensors headers, zero-copy views, streamed writes (I/O layer).
 
 Knows file *formats* only; checkpoint layouts, key names and file names live in
-:mod:`slimspec_convert.checkpoint` and :mod:`slimspec_convert.dialects`.
+:mod:`slimspec_convert.checkpoint` and :mod:`slimspec_convert.checkpoint.dialects`.
 """
 
 from __future__ import annotations

@@ -98,6 +98,11 @@ LINEAR_PRODUCT_HELP = (
     "faster), torch (x @ W.T) or transposed ((W @ x.T).T)"
 )
 
+CHAT_HELP = (
+    "prompts through the target's chat template (--chat) or as raw completion text after <bos> "
+    "(--no-chat); default: chat when the tokenizer has a template (base models, e.g. Gemma 3 270M, have none)"
+)
+
 LOOKUP_HELP = (
     "prompt lookup: graft up to N tokens copied from the context (after the latest earlier match of the "
     "last tokens) onto each round's drafts, losslessly (0 = off)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -232,11 +234,14 @@ def bench_e2e_cmd(
     ),
     draft: Annotated[
         str,
-        typer.Option(help="tree, chain, or auto (each drafter's shape with the highest predicted tokens/s)"),
+        typer.Option(
+            help="auto (each drafter's shape and prompt lookup with the highest predicted tokens/s, "
+            "planned on held-out prompts and cached), tree or chain"
+        ),
     ] = default(BenchE2EConfig, "draft_method"),
     auto_prompts: Annotated[
         str | None,
-        typer.Option(help="--draft auto: calibration prompts (default: the first benchmark prompts)"),
+        typer.Option(help="--draft auto: calibration prompts JSONL (default: held-out training prompts)"),
     ] = default(BenchE2EConfig, "auto_prompts"),
     max_prompts: Annotated[int, typer.Option(help="first N prompts of the file")] = default(
         BenchE2EConfig, "max_prompts"
@@ -260,14 +265,25 @@ def bench_e2e_cmd(
         int,
         typer.Option(help="runs per prompt and drafter, interleaved; the fastest is kept (noisy machines)"),
     ] = default(BenchE2EConfig, "repeats"),
-    lookup: Annotated[int, typer.Option(help=LOOKUP_HELP + "; adds the row 'lookup' (no drafter)")] = default(
-        BenchE2EConfig, "lookup"
-    ),
+    lookup: Annotated[
+        int | None,
+        typer.Option(
+            help=LOOKUP_HELP + " for every drafter (default: planned by --draft auto, off with tree or "
+            "chain); any drafter with a lookup adds the row 'lookup' (no drafter)"
+        ),
+    ] = default(BenchE2EConfig, "lookup"),
+    drafter_lookup: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=N: that drafter's prompt lookup by hand (repeatable; wins over --lookup)"),
+    ] = None,
     lookup_min_ngram: Annotated[int, typer.Option(help=LOOKUP_MIN_HELP)] = default(
         BenchE2EConfig, "lookup_min_ngram"
     ),
     lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = default(
         BenchE2EConfig, "lookup_max_ngram"
+    ),
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = default(
+        BenchE2EConfig, "chat"
     ),
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = default(BenchE2EConfig, "force"),
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
@@ -279,10 +295,14 @@ def bench_e2e_cmd(
             locals(),
             drafters=named_values(drafter, "--drafter"),
             rerank=named_values(rerank or [], "--rerank", int),
+            drafter_lookup=named_values(drafter_lookup or [], "--drafter-lookup", int),
             draft_method=draft,
         )
     )
-    result = bench_e2e(target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True))
+    command = shlex.join(["slimspec", *sys.argv[1:]])
+    result = bench_e2e(
+        target, prompts, out, cfg, progress=lambda line: typer.echo(line, err=True), command=command
+    )
     _warn_busy([result.machine])
     if json_out:
         typer.echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "per_prompt"}, indent=2))
@@ -322,6 +342,12 @@ def bench_vllm(ctx: typer.Context) -> None:
     try:
         python = vllm_python()
     except FileNotFoundError as err:
+        if {"-h", "--help"} & set(ctx.args):  # the options need no vLLM: help works anywhere
+            shown = subprocess.run(
+                [sys.executable, "-m", VLLM_BENCH_MODULE, "--help"], capture_output=True, text=True
+            )
+            typer.echo(shown.stdout + shown.stderr, nl=False)
+            raise typer.Exit(code=shown.returncode) from None
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     raise typer.Exit(code=subprocess.call([python, "-m", VLLM_BENCH_MODULE, *ctx.args]))

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from slimspec_convert.cli.app import command, config_fields
+from slimspec_convert.cli.app import CHAT_HELP, command, config_fields
 from slimspec_convert.data.distill import DistillConfig
 from slimspec_convert.data.self_prompts import SelfPromptConfig
 from slimspec_convert.workflows.distill import distill_files, self_prompt_file
@@ -56,6 +56,7 @@ def distill(
     exclude: Annotated[
         list[Path] | None, typer.Option(help="file(s) whose prompts are left out (held-out prompts)")
     ] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = _D.chat,
     dtype: _Dtype = "float32",
     json_out: _Json = False,
 ) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from slimspec_convert.cli.app import (
+    CHAT_HELP,
     LINEAR_PRODUCT_HELP,
     LOOKUP_HELP,
     LOOKUP_MAX_HELP,
@@ -18,13 +18,13 @@ from slimspec_convert.cli.app import (
     command,
 )
 from slimspec_convert.decoding.config import (
+    AUTO_DRAFT,
     DraftConfig,
     GenerateConfig,
     SamplingConfig,
     check_lookup_sampling,
 )
 from slimspec_convert.decoding.results import GenerationResult
-from slimspec_convert.measure.draft_shape import AUTO_DRAFT
 from slimspec_convert.workflows.generate import generate_from_paths
 
 _DRAFT, _SAMPLING, _GEN = DraftConfig(), SamplingConfig(), GenerateConfig()
@@ -32,15 +32,14 @@ _DRAFT, _SAMPLING, _GEN = DraftConfig(), SamplingConfig(), GenerateConfig()
 
 @command()
 def generate(
+    ctx: typer.Context,
     target: Annotated[str, typer.Option(help="target: HF folder, .gguf file or hub id")],
     drafter: Annotated[
         str, typer.Option(help="drafter folder (any EAGLE-3 layout), or 'none' for the target alone")
     ],
     prompt: Annotated[str | None, typer.Option(help="one prompt")] = None,
     prompts: Annotated[Path | None, typer.Option(help="JSONL with 'prompt' or MT-Bench 'turns'")] = None,
-    chat: Annotated[
-        bool, typer.Option("--chat/--no-chat", help="apply the target's chat template")
-    ] = _GEN.chat,
+    chat: Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)] = _GEN.chat,
     system_prompt: Annotated[
         str | None, typer.Option(help="system message (default: the template's)")
     ] = _GEN.system_prompt,
@@ -63,10 +62,15 @@ def generate(
     draft: Annotated[
         str,
         typer.Option(
-            help="tree (EAGLE-2/3 dynamic tree), chain, or auto (the shape with the highest predicted "
-            "tokens/s on this machine; --depth/--top-k/--total-tokens are then ignored)"
+            help="auto (the shape and prompt lookup with the highest predicted tokens/s on this machine, "
+            "planned on held-out prompts and cached), tree (EAGLE-2/3 dynamic tree) or chain; "
+            "--depth/--top-k/--total-tokens need tree or chain"
         ),
-    ] = _DRAFT.method,
+    ] = _GEN.draft_method,
+    auto_prompts: Annotated[
+        str | None,
+        typer.Option(help="--draft auto: calibration prompts JSONL (default: held-out training prompts)"),
+    ] = _GEN.auto_prompts,
     depth: Annotated[int, typer.Option(help="draft depth; for a chain, k tokens per round")] = _DRAFT.depth,
     top_k: Annotated[
         int, typer.Option(help="tree: nodes expanded per level and children per node")
@@ -75,8 +79,12 @@ def generate(
         int, typer.Option(help="tree: draft nodes verified per round (root excluded)")
     ] = _DRAFT.total_tokens,
     lookup: Annotated[
-        int, typer.Option(help=LOOKUP_HELP + "; with --drafter none, lookup alone")
-    ] = _DRAFT.lookup,
+        int | None,
+        typer.Option(
+            help=LOOKUP_HELP + "; default: planned by --draft auto, off with tree or chain; with "
+            "--drafter none, lookup alone"
+        ),
+    ] = _GEN.lookup,
     lookup_min_ngram: Annotated[int, typer.Option(help=LOOKUP_MIN_HELP)] = _DRAFT.lookup_min_ngram,
     lookup_max_ngram: Annotated[int, typer.Option(help=LOOKUP_MAX_HELP)] = _DRAFT.lookup_max_ngram,
     batch_size: Annotated[int, typer.Option(help="prompts decoded together (left-padded)")] = _GEN.batch_size,
@@ -101,7 +109,16 @@ def generate(
     ] = False,
 ) -> None:
     """Generate with the target alone or with an EAGLE-3 drafter (greedy output = the target's)."""
+    for name in ("depth", "top_k", "total_tokens"):  # given on the command line (typer's own click)
+        source = ctx.get_parameter_source(name)
+        if draft == AUTO_DRAFT and source is not None and source.name == "COMMANDLINE":
+            raise ValueError(
+                f"--{name.replace('_', '-')} sets a shape by hand: give --draft chain or --draft tree too"
+            )
     gcfg = GenerateConfig(
+        draft_method=draft,
+        lookup=lookup,
+        auto_prompts=auto_prompts,
         chat=chat,
         system_prompt=system_prompt,
         all_turns=all_turns,
@@ -113,27 +130,37 @@ def generate(
         rerank_context=rerank_context,
         linear_product=linear_product,
     )
-    auto = draft == AUTO_DRAFT
-    look = DraftConfig(lookup=lookup, lookup_min_ngram=lookup_min_ngram, lookup_max_ngram=lookup_max_ngram)
-    dcfg = (
-        AUTO_DRAFT
-        if auto
-        else replace(look, method=draft, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    auto = draft == AUTO_DRAFT and drafter.lower() != "none"
+    dcfg = DraftConfig(
+        method="tree" if draft == AUTO_DRAFT else draft,
+        depth=depth,
+        top_k=top_k,
+        total_tokens=total_tokens,
+        lookup=lookup or 0,
+        lookup_min_ngram=lookup_min_ngram,
+        lookup_max_ngram=lookup_max_ngram,
     )
     scfg = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
-    if not auto and drafter.lower() != "none":
+    if draft != AUTO_DRAFT and drafter.lower() != "none":
         check_lookup_sampling(dcfg, scfg)  # before the models load
     if stream and json_out:
         raise ValueError("--stream and --json: choose one (--json prints everything at the end)")
     on_text = (lambda text: typer.echo(text, nl=False)) if stream else None
-    plans = []
-    on_plan = (lambda plan: (plans.append(plan), typer.echo(plan.summary(), err=True))) if auto else None
+    on_plan = (lambda plan: typer.echo(plan.summary(), err=True)) if auto else None  # one line: the shape
     on_linear = (lambda c: typer.echo(c.summary(), err=True)) if linear_product == "auto" else None
     results = generate_from_paths(
-        target, drafter, prompt, prompts, gcfg, dcfg, scfg, on_text, on_plan, on_linear, lookup=look
+        target,
+        drafter,
+        prompt,
+        prompts,
+        gcfg,
+        dcfg,
+        scfg,
+        on_text,
+        on_plan,
+        on_linear,
+        on_mode=lambda mode: typer.echo(mode.summary(), err=True),
     )
-    if plans:
-        typer.echo(auto_line(plans[0], results), err=True)
     if stream:
         typer.echo("")
         typer.echo(stats_line(results[0]))
@@ -142,18 +169,6 @@ def generate(
         typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
         return
     _print_results(results)
-
-
-def auto_line(plan, results: list[GenerationResult]) -> str:
-    """The auto shape's predicted against its measured tokens/s over all results."""
-    tokens = sum(r.stats.new_tokens for r in results)
-    seconds = sum(r.stats.wall_ms for r in results) / 1e3
-    measured = tokens / seconds if seconds > 0 else 0.0
-    b = plan.best
-    return (
-        f"--draft auto {b.shape}: predicted {b.predicted_tokens_per_s:.1f} tokens/s (tau "
-        f"{b.predicted_tau:.2f}), measured {measured:.1f} tokens/s; planning took {plan.seconds:.0f} s"
-    )
 
 
 def stats_line(result: GenerationResult) -> str:

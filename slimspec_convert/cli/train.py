@@ -19,7 +19,7 @@ from finetune.config import FinetuneConfig
 from finetune.run import finetune as run_finetune
 from finetune.run import train_drafter as run_train_drafter
 from finetune.train.distributed import world
-from slimspec_convert.cli.app import command, config_fields
+from slimspec_convert.cli.app import CHAT_HELP, command, config_fields
 
 _F, _T = FinetuneConfig(), FinetuneConfig.for_new_drafter()
 
@@ -93,6 +93,8 @@ FeatureCacheDir = Annotated[
     typer.Option(help="folder of the target's features, computed once and reused by every epoch and run"),
 ]
 
+Chat = Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)]
+
 
 def _echo(result, json_out: bool) -> None:
     """Print the report once: in a multi-process run (torchrun) every rank holds it, rank 0 prints."""
@@ -138,6 +140,7 @@ def finetune(
     device: Device = _F.device,
     dtype: Dtype = _F.dtype,
     feature_cache: FeatureCacheDir = _F.feature_cache,
+    chat: Chat = _F.chat,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,
@@ -195,6 +198,7 @@ def train_drafter(
     device: Device = _T.device,
     dtype: Dtype = _T.dtype,
     feature_cache: FeatureCacheDir = _T.feature_cache,
+    chat: Chat = _T.chat,
     resume: Resume = False,
     force: Force = False,
     self_distill: SelfDistill = False,

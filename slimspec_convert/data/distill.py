@@ -35,6 +35,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from slimspec_convert.data.records import (
+    PREFIX_ROLE,
     DataError,
     Message,
     _read_records,
@@ -42,9 +43,13 @@ from slimspec_convert.data.records import (
     read_text,
     record_to_conversations,
 )
+from slimspec_convert.targets.load import bos_text, resolve_chat
 from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
+
+PROMPT_ROLES = ("user", PREFIX_ROLE)  # a chat prompt, or the raw text of a completion record
+
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"  # present in a source checkout
 
@@ -68,6 +73,8 @@ class DistillConfig:
             (less padding); False keeps file order.
         exclude: files whose prompts are left out (matched by their whitespace-normalised first user
             turn): the held-out prompts of one's own measurements.
+        chat: render prompts with the chat template (True) or as raw completion text after ``<bos>``
+            (False); None follows the tokenizer (:func:`~slimspec_convert.targets.load.resolve_chat`).
     """
 
     batch_size: int = 64  # CPU: 143 tokens/s at 64 vs 55 at 16 (SmolLM2-135M, 2 cores)
@@ -81,6 +88,7 @@ class DistillConfig:
     max_prompt_tokens: int = 1024
     shuffle: bool = False
     exclude: tuple[str, ...] = ()
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
@@ -122,7 +130,9 @@ def _normalise(text: str) -> str:
 
 
 def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
-    """Normalised text of every committed evaluation prompt -> the benchmark file it belongs to."""
+    """Normalised text of every committed evaluation prompt -> the benchmark file it belongs to (a
+    record's own ``source`` when it names one: the per-kind prompts of data/eval/kinds cite their
+    upstream benchmark)."""
     index: dict[str, str] = {}
     if not eval_dir.is_dir():
         return index
@@ -134,9 +144,10 @@ def _eval_prompt_index(eval_dir: Path = EVAL_DIR) -> dict[str, str]:
                     continue
                 rec = json.loads(line)
                 texts = rec.get("turns") or [rec.get("prompt") or rec.get("question") or ""]
+                where = rec.get("source") or str(path.relative_to(eval_dir.parent.parent))
                 for t in texts:
                     if isinstance(t, str) and t.strip():
-                        index.setdefault(_normalise(t), str(path.relative_to(eval_dir.parent.parent)))
+                        index.setdefault(_normalise(t), where)
     return index
 
 
@@ -158,7 +169,7 @@ def read_prompts(paths: list[str | Path], allow_eval_data: bool = False) -> list
             )
         for lineno, rec in _read_records(path):
             for conv in record_to_conversations(rec, f"{path}:{lineno}"):
-                first_user = next((i for i, m in enumerate(conv) if m["role"] == "user"), None)
+                first_user = next((i for i, m in enumerate(conv) if m["role"] in PROMPT_ROLES), None)
                 if first_user is None:
                     continue
                 msgs = [m for m in conv[:first_user] if m["role"] == "system"] + [conv[first_user]]
@@ -232,7 +243,9 @@ def _done_keys(out: Path) -> set[str]:
     return done
 
 
-def _render(tokenizer, rec: PromptRecord, system_prompt: str | None) -> str:
+def _render(tokenizer, rec: PromptRecord, system_prompt: str | None, chat: bool = True) -> str:
+    if not chat:  # a completion prompt: the user turn's text after <bos>
+        return bos_text(tokenizer) + rec.messages[-1][1]
     msgs = rec.as_messages()
     if system_prompt is not None:
         msgs = [{"role": "system", "content": system_prompt}] + [m for m in msgs if m["role"] != "system"]
@@ -381,12 +394,17 @@ def distill(
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     if dtype != "float32":  # float32 records keep the identity they always had
         decoding["dtype"] = dtype
+    mode = resolve_chat(tokenizer, cfg.chat)
+    logger.info("%s", mode.summary())
+    chat = mode.chat
+    if not chat:
+        decoding["prompt"] = "completion"
     done = _done_keys(out)
     todo, skipped = [], 0
     for rec in prompts:
         if _record_key(rec.source, rec.line, decoding) in done:
             continue
-        text = _render(tokenizer, rec, cfg.system_prompt)
+        text = _render(tokenizer, rec, cfg.system_prompt, chat)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_prompt_tokens:
             skipped += 1

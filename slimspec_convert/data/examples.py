@@ -1,6 +1,8 @@
 """Conversations -> token ids with an assistant-only loss mask -> batches; held-out splits.
 
-Chat rendering uses the target's own template; the loss mask marks the assistant tokens only.
+Chat rendering uses the target's own template; the loss mask marks the assistant tokens only. A
+target without a chat template (a base model), or ``chat=False``, gets raw text instead
+(:func:`encode_raw`): completion records ``{prefix, completion}`` always are.
 """
 
 from __future__ import annotations
@@ -12,16 +14,74 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from slimspec_convert.data.records import DataError, DataStats, Message, has_assistant, read_conversations
+from slimspec_convert.data.records import (
+    COMPLETION_ROLE,
+    DataError,
+    DataStats,
+    Message,
+    has_assistant,
+    is_completion,
+    read_conversations,
+)
 from slimspec_convert.data.self_distill import complete_prompts
+from slimspec_convert.targets.load import resolve_chat
+
+RAW_TURN_SEPARATOR = "\n\n"  # between the turns of a conversation rendered as raw text
+
+
+def encode_raw(
+    tokenizer, conv: list[Message], max_length: int, max_answer_tokens: int | None = None
+) -> tuple[Tensor, Tensor, bool] | None:
+    """A conversation or completion record as raw text after ``<bos>``; the answers are supervised.
+
+    Each message is tokenised on its own (the first with the tokenizer's own special tokens, e.g.
+    Gemma's ``<bos>``; the rest without) and the pieces are concatenated, so a completion's tokens
+    are those of its text alone, as a completion prompt's answer is decoded. Conversation turns
+    (not completion records) are joined by :data:`RAW_TURN_SEPARATOR`, unsupervised.
+
+    Args:
+        tokenizer: a HF tokenizer (no chat template needed).
+        conv: messages; ``assistant`` and ``completion`` ones are supervised.
+        max_length, max_answer_tokens: as :func:`encode_conversation`.
+
+    Returns:
+        (input_ids [T] int64, loss_mask [T] bool, truncated) or None when no supervised token is left.
+    """
+    ids: list[int] = []
+    mask: list[bool] = []
+    completion = is_completion(conv)
+    for i, m in enumerate(conv):
+        text = m["content"] if completion or i == len(conv) - 1 else m["content"] + RAW_TURN_SEPARATOR
+        piece = tokenizer(text, add_special_tokens=i == 0)["input_ids"]
+        supervised = m["role"] in ("assistant", COMPLETION_ROLE)
+        if supervised and max_answer_tokens is not None:
+            piece = piece[:max_answer_tokens]
+        ids += piece
+        mask += [supervised] * len(piece)
+    truncated = len(ids) > max_length
+    ids, mask = ids[:max_length], mask[:max_length]
+    if not any(mask):
+        return None
+    if max_answer_tokens is not None:
+        end = max(i for i, v in enumerate(mask) if v) + 1
+        ids, mask = ids[:end], mask[:end]
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(mask, dtype=torch.bool), truncated
+
 
 logger = logging.getLogger(__name__)
 
 
 def encode_conversation(
-    tokenizer, conv: list[Message], max_length: int, max_answer_tokens: int | None = None
+    tokenizer,
+    conv: list[Message],
+    max_length: int,
+    max_answer_tokens: int | None = None,
+    chat: bool | None = None,
 ) -> tuple[Tensor, Tensor, bool] | None:
     """Render with the tokenizer's chat template and mark assistant tokens.
+
+    Completion records, and every conversation when the prompt mode is completion (``chat``, as
+    :func:`~slimspec_convert.targets.load.resolve_chat` decides it), go to :func:`encode_raw`.
 
     The rendered text of each prefix must be a prefix of the whole rendering (true of
     ChatML/Llama/Qwen templates); assistant tokens are located by character offsets of one
@@ -34,6 +94,7 @@ def encode_conversation(
         max_answer_tokens: supervise only the first N tokens of each assistant turn (None: all);
             the sequence then ends at the last supervised token. Unlike cutting the answer's text,
             no end-of-turn token is added where the answer did not end.
+        chat: True = chat template, False = raw text, None = the tokenizer decides.
 
     Returns:
         (input_ids [T] int64, loss_mask [T] bool, truncated) or None when no assistant token is left;
@@ -41,7 +102,10 @@ def encode_conversation(
 
     Raises:
         DataError: the chat template renders a prefix that is not a prefix of the whole.
+        ValueError: chat=True with a tokenizer without a chat template.
     """
+    if is_completion(conv) or not resolve_chat(tokenizer, chat).chat:
+        return encode_raw(tokenizer, conv, max_length, max_answer_tokens)
     full = tokenizer.apply_chat_template(conv, tokenize=False)
     spans = []
     for i, m in enumerate(conv):
@@ -89,10 +153,11 @@ def build_examples(
     max_length: int,
     stats: DataStats | None = None,
     max_answer_tokens: int | None = None,
+    chat: bool | None = None,
 ) -> list[Example]:
     """Encode every conversation with an assistant turn; count the rest as skipped.
 
-    ``max_answer_tokens``: see :func:`encode_conversation`.
+    ``max_answer_tokens``, ``chat``: see :func:`encode_conversation`.
     """
     stats = stats if stats is not None else DataStats()
     out = []
@@ -100,7 +165,7 @@ def build_examples(
         if not has_assistant(conv):
             stats.skipped_no_assistant += 1
             continue
-        enc = encode_conversation(tokenizer, conv, max_length, max_answer_tokens)
+        enc = encode_conversation(tokenizer, conv, max_length, max_answer_tokens, chat)
         if enc is None:
             stats.skipped_empty += 1
             continue
@@ -167,6 +232,7 @@ def load_examples(
     cache_dir: Path | None = None,
     max_new_tokens: int = 256,
     max_answer_tokens: int | None = None,
+    chat: bool | None = None,
 ) -> tuple[list[Example], DataStats]:
     """Read, optionally complete (self-distillation) and tokenise training files.
 
@@ -177,6 +243,7 @@ def load_examples(
         target_model, self_distill, cache_dir, max_new_tokens: let the target answer prompt-only
             records (cached in ``cache_dir``).
         max_answer_tokens: supervise only each answer's first N tokens (:func:`encode_conversation`).
+        chat: chat template, raw text or the tokenizer's choice (:func:`encode_conversation`).
 
     Returns:
         (examples, stats).
@@ -192,7 +259,7 @@ def load_examples(
         convs = complete_prompts(
             target_model, tokenizer, convs, cache_dir / "self_distill.jsonl", max_new_tokens=max_new_tokens
         )
-    examples = build_examples(tokenizer, convs, max_length, stats, max_answer_tokens)
+    examples = build_examples(tokenizer, convs, max_length, stats, max_answer_tokens, chat)
     if not examples:
         raise ValueError(f"{', '.join(map(str, data))}: no usable conversation ({stats.summary()})")
     logger.info("data: %s", stats.summary())

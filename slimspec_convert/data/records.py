@@ -9,6 +9,9 @@ Accepted record formats (``.jsonl`` one record per line, or ``.json`` holding an
 * OpenAssistant trees ``{"prompt": {"role": "prompter", "text", "replies": [...]}}`` (every
   root-to-leaf path is a conversation)
 * any of these gzip-compressed (a name ending in ``.gz``: ``FILE.jsonl.gz``, ``FILE.json.gz``)
+* completions ``{"prefix": str, "completion": str}`` (a base model's continuation of raw text: the
+  messages ``[{"role": "prefix"}, {"role": "completion"}]``, always encoded as raw text after
+  ``<bos>``, the completion supervised); ``{"prefix": str}`` alone is a completion prompt
 * prompts only: a bare JSON string, ``{"prompt": str}`` or MT-Bench ``{"turns": [...]}``; these have
   no assistant turn and are either completed by the target (self-distillation) or skipped and counted.
 """
@@ -35,6 +38,12 @@ ROLE_MAP = {
     "bard": "assistant",
     "system": "system",
 }
+
+
+PREFIX_ROLE = "prefix"  # raw text a base model continues (completion records)
+
+
+COMPLETION_ROLE = "completion"  # the continuation: supervised like an assistant turn
 
 
 class DataError(ValueError):
@@ -185,6 +194,13 @@ def record_to_conversations(rec: object, where: str) -> list[list[Message]]:
         ):
             raise DataError(f"{where}: 'conversations' must be a list of {{from, value}} objects")
         return [[{"role": ROLE_MAP.get(m["from"], "user"), "content": str(m["value"])} for m in conv]]
+    if "prefix" in rec and isinstance(rec["prefix"], str):
+        conv = [{"role": PREFIX_ROLE, "content": rec["prefix"]}]
+        if "completion" in rec:
+            if not isinstance(rec["completion"], str):
+                raise DataError(f"{where}: 'completion' must be a string")
+            conv.append({"role": COMPLETION_ROLE, "content": rec["completion"]})
+        return [conv]
     if "question" in rec and "answer" in rec:
         return [
             [{"role": "user", "content": rec["question"]}, {"role": "assistant", "content": rec["answer"]}]
@@ -230,5 +246,10 @@ def read_conversations(paths: list[str | Path], stats: DataStats | None = None) 
 
 
 def has_assistant(conv: list[Message]) -> bool:
-    """True when some message has role ``assistant``."""
-    return any(m["role"] == "assistant" for m in conv)
+    """True when some message has role ``assistant`` (or ``completion``: a completion record's)."""
+    return any(m["role"] in ("assistant", COMPLETION_ROLE) for m in conv)
+
+
+def is_completion(conv: list[Message]) -> bool:
+    """True for a completion record (``{"prefix", "completion"}``): raw text, no chat template."""
+    return bool(conv) and conv[0]["role"] == PREFIX_ROLE

@@ -1,12 +1,12 @@
 """Lossless speculative decoding: the pure math of a round (``speculative``), the drafter runner, the
-batch state, the generator (and its transformers ``custom_generate`` adapter), prompts and results.
+batch state, the generator (and the loop behind the transformers ``custom_generate`` callable), prompts
+and results.
 """
 
 from slimspec_convert.decoding.batch import DecodeHooks
 from slimspec_convert.decoding.config import DraftConfig, GenerateConfig, SamplingConfig
 from slimspec_convert.decoding.drafting import NonFiniteDecodeError
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.decoding.hf_generate import speculative_generate
 from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult, GenerationStats
 from slimspec_convert.decoding.speculative import (
@@ -26,7 +26,6 @@ __all__ = [
     "SpeculativeGenerator",
     "expected_acceptance_terms",
     "load_prompts",
-    "speculative_generate",
     "tau_from_committed",
     "top1_agreement",
 ]

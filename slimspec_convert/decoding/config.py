@@ -9,6 +9,15 @@ from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dt
 from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT
 from slimspec_convert.targets.linear_product import check_linear_product
 
+AUTO_DRAFT = "auto"  # --draft auto: the shape and lookup planned on this machine (measure.draft_shape)
+DRAFT_METHODS = (AUTO_DRAFT, "tree", "chain")  # what --draft takes; auto is the default
+
+
+def check_draft_method(owner: str, value: str) -> None:
+    """Raise ``ValueError`` naming ``owner.draft_method`` unless ``value`` is one of :data:`DRAFT_METHODS`."""
+    if value not in DRAFT_METHODS:
+        raise ValueError(f"{owner}.draft_method={value!r}: expected one of {', '.join(DRAFT_METHODS)}")
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -16,7 +25,9 @@ class DraftConfig:
 
     ``depth`` draft steps; tree drafting expands the ``top_k`` best nodes per step and keeps the
     ``total_tokens`` best by cumulative log-probability (EAGLE's ``total_token`` minus the root).
-    CPU defaults were chosen by measurement (PAPER.md: a 60-token tree costs 3x a 1-token step).
+    These defaults (a 16-node tree of depth 5) are one fixed shape; ``slimspec generate``, ``bench e2e``
+    and ``speculative_generate`` plan the shape and the lookup per machine by default (``--draft auto``,
+    :mod:`slimspec_convert.measure.draft_shape`).
 
     ``lookup`` > 0 adds up to that many prompt-lookup tokens per round as one more branch from the
     root (:mod:`slimspec_convert.decoding.lookup`): the tokens after the most recent earlier match of
@@ -93,11 +104,21 @@ def check_lookup_sampling(draft: DraftConfig, sampling: SamplingConfig) -> None:
 # ---- generate (issue 3) --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GenerateConfig:
-    """Options of ``slimspec generate`` besides drafting (:class:`DraftConfig`) and decoding
-    (:class:`SamplingConfig`): prompt handling, batching, the device and the dtype of both models
-    (``auto``: bfloat16 on CUDA, float32 on the CPU)."""
+    """Options of ``slimspec generate`` besides the shape (:class:`DraftConfig`) and decoding
+    (:class:`SamplingConfig`): how the draft is chosen, prompt handling, batching, the device and the
+    dtype of both models (``auto``: bfloat16 on CUDA, float32 on the CPU).
 
-    chat: bool = True
+    ``draft_method`` ``auto`` (the default) plans the shape and the prompt lookup on this machine, on
+    held-out calibration prompts (``auto_prompts``, None: the repository's held-out training prompts;
+    :mod:`slimspec_convert.measure.draft_shape`); ``tree`` or ``chain`` take the shape of the
+    :class:`DraftConfig` given. ``lookup`` sets the prompt lookup by hand (0 = off); None lets ``auto``
+    plan it, and means off with a shape set by hand.
+    """
+
+    draft_method: str = AUTO_DRAFT
+    lookup: int | None = None
+    auto_prompts: str | None = None
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
     system_prompt: str | None = None  # None keeps the chat template's own default
     all_turns: bool = False
     batch_size: int = 1
@@ -109,6 +130,11 @@ class GenerateConfig:
     linear_product: str = "auto"  # slimspec_convert.targets.linear_product: auto, torch or transposed
 
     def __post_init__(self) -> None:
+        check_draft_method("GenerateConfig", self.draft_method)
+        if self.lookup is not None and self.lookup < 0:
+            raise ValueError(
+                f"GenerateConfig.lookup={self.lookup}: expected >= 0 (0 = off) or None (planned)"
+            )
         check_linear_product("GenerateConfig", self.linear_product)
         if self.rerank < 0:
             raise ValueError(f"GenerateConfig.rerank={self.rerank}: expected >= 0 (0 = off)")
@@ -118,7 +144,7 @@ class GenerateConfig:
             raise ValueError(f"GenerateConfig.batch_size={self.batch_size}: expected >= 1")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ValueError(f"GenerateConfig.max_prompts={self.max_prompts}: expected >= 1")
-        if self.all_turns and not self.chat:
+        if self.all_turns and self.chat is False:
             raise ValueError("GenerateConfig.all_turns needs chat (multi-turn prompts use the chat template)")
         check_run_dtype("GenerateConfig", self.dtype)
         check_device_name("GenerateConfig", self.device)

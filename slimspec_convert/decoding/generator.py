@@ -56,6 +56,7 @@ from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.kv_cache import DraftKVCache
 from slimspec_convert.targets.cache import cache_length, new_target_cache, target_mask_windows
 from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
+from slimspec_convert.targets.load import resolve_chat
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class SpeculativeGenerator:
         drafter: EAGLE-3 drafter, or None for plain target decoding.
         draft: chain (k = depth) or tree drafting shape.
         sampling: temperature 0 = greedy, else lossless speculative sampling.
-        chat: apply the tokenizer's chat template to string prompts.
+        chat: apply the tokenizer's chat template to string prompts (True), encode them as raw text
+            after ``<bos>`` (False: completion prompts), or None: chat when the tokenizer has a chat
+            template (:func:`~slimspec_convert.targets.load.resolve_chat`).
         system_prompt: system message for the chat template (None = template default).
         batch_size: prompts decoded together (left-padded).
         stop_ids: exactly these stop token ids (None: ``sampling.stop_token_ids`` plus the eos ids of
@@ -89,7 +92,7 @@ class SpeculativeGenerator:
         draft: DraftConfig | None = None,
         sampling: SamplingConfig | None = None,
         *,
-        chat: bool = True,
+        chat: bool | None = None,
         system_prompt: str | None = None,
         batch_size: int = 1,
         stop_ids: Sequence[int] | None = None,
@@ -101,7 +104,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.draft = draft or DraftConfig()
         self.sampling = sampling or SamplingConfig()
-        self.chat = chat
+        self.chat = resolve_chat(tokenizer, chat).chat if tokenizer is not None else bool(chat)
         self.system_prompt = system_prompt
         self.batch_size = batch_size
         self.greedy = self.sampling.temperature == 0

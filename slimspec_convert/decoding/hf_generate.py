@@ -1,6 +1,8 @@
 """SlimSpec inside transformers' own ``generate()``: ``model.generate(**inputs,
 custom_generate=speculative_generate, drafter=drafter)`` runs lossless speculative decoding and returns
-what ``generate`` returns.
+what ``generate`` returns. The callable itself lives in :mod:`slimspec_convert.workflows.hf_generate`
+(it plans ``draft="auto"``, its default, with :mod:`slimspec_convert.measure.draft_shape`); this module
+holds what it runs: the checks, the loop (:func:`generate_in_hf`) and streaming.
 
 How transformers calls it (5.x, ``GenerationMixin.generate`` step 9, read in 5.24): after its usual
 preparation (generation config merged with the model's and the defaults, special tokens, attention
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 from collections.abc import Callable
 
 import torch
@@ -98,8 +99,8 @@ MODEL_KWARGS = frozenset(
 )
 
 
-# ---- the callable ---------------------------------------------------------------------------------
-def speculative_generate(
+# ---- the loop behind the callable ----------------------------------------------------------------
+def generate_in_hf(
     model,
     input_ids: Tensor,
     logits_processor,
@@ -107,32 +108,23 @@ def speculative_generate(
     generation_config,
     *,
     drafter: Eagle3Drafter | None,
-    draft: DraftConfig | str | None = None,
+    draft: DraftConfig | str,
     generator: torch.Generator | None = None,
     seed: int | None = None,
     streamer=None,
-    **model_kwargs,
+    model_kwargs: dict,
 ) -> Tensor | GenerateDecoderOnlyOutput:
-    """Lossless EAGLE-3 speculative decoding as a transformers ``custom_generate`` callable.
-
-    Use: ``model.generate(**inputs, custom_generate=speculative_generate, drafter=drafter,
-    max_new_tokens=64)``; greedy output equals plain ``model.generate`` token for token, sampled
-    output is distributed as the target's after temperature, top-k and top-p.
+    """What ``speculative_generate`` (:mod:`slimspec_convert.workflows.hf_generate`, the callable
+    transformers calls) runs once the draft is known: check, decode, return what generate() returns.
 
     Args:
-        model: the HF causal LM (decoder-only), eval mode.
-        input_ids: [B, P] int64, left-padded when ``attention_mask`` has zeros.
-        logits_processor: prepared by generate(): only temperature, top-k, top-p warpers.
-        stopping_criteria: prepared by generate(): max length, eos ids, stop strings.
-        generation_config: the merged ``GenerationConfig``.
-        drafter: EAGLE-3 drafter in the target's dtype and device (None: the target alone, through
-            the same loop).
-        draft: :class:`DraftConfig`, ``"tree"`` or ``"chain"`` (None: ``DraftConfig()``).
-        generator: draws the per-row sampling seeds (sampling only).
-        seed: or a seed for them (not with ``generator``); neither: torch's global RNG, so
-            ``torch.manual_seed`` before the call makes it reproducible.
-        streamer: a transformers streamer; found in generate()'s frame when not passed.
-        **model_kwargs: what generate() prepared (``attention_mask``, ``position_ids``, ...).
+        model, input_ids, logits_processor, stopping_criteria, generation_config: as generate() passes
+            them (``input_ids`` [B, P] int64, left-padded when ``attention_mask`` has zeros).
+        drafter: EAGLE-3 drafter in the target's dtype and device (None: the target alone).
+        draft: :class:`DraftConfig`, ``"tree"`` or ``"chain"``.
+        generator, seed: the per-row sampling seeds (sampling only; neither: torch's global RNG).
+        streamer: a transformers streamer or None.
+        model_kwargs: what generate() prepared (``attention_mask``, ``position_ids``, ...).
 
     Returns:
         [B, P + N] int64 ``sequences`` (prompt as given, then new ids; rows that ended early are
@@ -143,12 +135,7 @@ def speculative_generate(
         ValueError: an option that cannot be honoured (named), right padding, a drafter that does
             not fit the target, a streamer with B > 1.
     """
-    streamer, assistant_model = _kept_by_generate(sys._getframe(1), streamer)
     try:
-        if assistant_model is not None:
-            raise ValueError(
-                "assistant_model: speculative_generate drafts with drafter=; pass no assistant_model"
-            )
         gen, prompts, hooks = prepare(
             model,
             input_ids,
@@ -159,14 +146,14 @@ def speculative_generate(
             draft,
             model_kwargs,
         )
-        hooks = _with_seeds_and_streamer(hooks, gen, len(prompts), generator, seed, streamer)
+        hooks = with_seeds_and_streamer(hooks, gen, len(prompts), generator, seed, streamer)
         results = gen.generate(prompts, hooks)
     finally:
         if streamer is not None:
             streamer.end()  # also on errors: a TextIteratorStreamer consumer must not wait forever
     taus = [r.stats.tau for r in results]
     logger.info("speculative_generate: tau per row %s (accepted drafts + 1 bonus per verification)", taus)
-    sequences = _sequences(input_ids, [r.output_ids for r in results], _pad_id(generation_config))
+    sequences = padded_sequences(input_ids, [r.output_ids for r in results], pad_id(generation_config))
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
@@ -347,7 +334,7 @@ def prompts_from(input_ids: Tensor, model_kwargs: dict) -> list[list[int]]:
 
 
 # ---- hooks and output -----------------------------------------------------------------------------
-def _kept_by_generate(frame, streamer):
+def kept_by_generate(frame, streamer):
     """(streamer, assistant_model) that transformers' generate() kept from the callable, read from
     its frame when it is the caller (module docstring); an explicit streamer wins."""
     if frame.f_code is not _HF_GENERATE_CODE:
@@ -371,8 +358,9 @@ def _stop_when(stop_strings: list[StopStringCriteria], padded: list[list[int]]):
     return stop_when
 
 
-def _with_seeds_and_streamer(hooks, gen, B, generator, seed, streamer) -> DecodeHooks:
-    """Per-row seeds (sampling only: greedy leaves every RNG untouched) and the streamer's put.
+def with_seeds_and_streamer(hooks, gen, B, generator, seed, streamer) -> DecodeHooks:
+    """``hooks`` with per-row seeds (sampling only: greedy leaves every RNG untouched) and the streamer's
+    put.
 
     Raises:
         ValueError: both generator and seed, or a streamer with B > 1.
@@ -392,14 +380,15 @@ def _with_seeds_and_streamer(hooks, gen, B, generator, seed, streamer) -> Decode
     return DecodeHooks(seeds=seeds, on_commit=on_commit, stop_when=hooks.stop_when)
 
 
-def _pad_id(generation_config) -> int | None:
+def pad_id(generation_config) -> int | None:
+    """The id transformers' own loop pads finished rows with (None when the config has none)."""
     pad = getattr(generation_config, "_pad_token_tensor", None)  # what transformers' own loop pads with
     if pad is None:
         pad = generation_config.pad_token_id
     return None if pad is None else int(torch.as_tensor(pad).flatten()[0])
 
 
-def _sequences(input_ids: Tensor, outputs: list[list[int]], pad_id: int | None) -> Tensor:
+def padded_sequences(input_ids: Tensor, outputs: list[list[int]], pad_id: int | None) -> Tensor:
     """[B, P + N]: the prompt as given, then each row's new ids padded to the longest row."""
     n = max(len(o) for o in outputs)
     if pad_id is None and any(len(o) < n for o in outputs):

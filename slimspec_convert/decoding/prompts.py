@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slimspec_convert.data import jsonl_lines, read_text
+from slimspec_convert.targets.load import bos_text
 
 
 def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, ...]]:
@@ -99,3 +100,26 @@ def render_chat(
         if i < len(assistant_turns):
             messages.append({"role": "assistant", "content": assistant_turns[i]})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def render_prompt(tokenizer, prompt: str, chat: bool, system_prompt: str | None = None) -> str:
+    """The full text the target sees for one user prompt, special tokens included as text.
+
+    Tokenise the result with ``add_special_tokens=False``.
+
+    Args:
+        tokenizer: the target's tokenizer.
+        prompt: the user's prompt (chat) or the text to continue (completion).
+        chat: True renders with the chat template (:func:`render_chat`); False is a completion
+            prompt, the raw text after the ``<bos>`` the tokenizer adds on its own (if any).
+        system_prompt: chat only.
+
+    Returns:
+        The text.
+
+    Raises:
+        ValueError: chat with a tokenizer that has no chat template.
+    """
+    if chat:
+        return render_chat(tokenizer, [prompt], (), system_prompt)
+    return bos_text(tokenizer) + prompt

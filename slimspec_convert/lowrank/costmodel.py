@@ -1,6 +1,6 @@
 """The acceptance-cost model of SlimSpec (arXiv 2605.10453, section 3): pure arithmetic, no tensors.
 
-Notation (PAPER.md, STYLE.md section 1):
+Notation (the paper, arXiv 2605.10453; the style guide's section 1):
 
 * ``rho_tau = tau_new / tau_full``: acceptance preservation of the new head;
 * ``nu = T_head_new / T_head_full``: head latency factor;

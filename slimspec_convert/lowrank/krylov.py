@@ -3,7 +3,7 @@
 Musco & Musco (NeurIPS 2015) block Krylov iteration on the row space, started from a CountSketch
 (Clarkson & Woodruff, STOC 2013), with CholeskyQR2 orthonormalisation (Fukaya et al. 2014) and a
 Rayleigh-Ritz step assembled from products already computed. See
-:func:`slimspec_convert.factorize.lowrank_factorize` for the accuracy check.
+:func:`slimspec_convert.lowrank.svd.lowrank_factorize` for the accuracy check.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def lowrank_factorize(
     product pair, float32 scratch of ``(niter + 1) V_d q`` values. Accuracy check: the returned
     ``relative_error`` is the exact error of the returned factors (see module docstring), so any
     excess over the Eckart-Young bound is visible, never hidden. Measured excess (error / bound - 1):
-    tests/test_factorize.py, [4096, 128] heads with Gaussian, i^-0.5 and i^-1 spectra at r = 8,
+    tests/unit/lowrank/test_svd.py, [4096, 128] heads with Gaussian, i^-0.5 and i^-1 spectra at r = 8,
     asserts <= 2 % for niter = 1 (seen: <= 0.1 %) and <= 0.5 % for niter = 2; on [32064, 1024] at
     r = 128, q = 160 (the shape ratios of an 8B head at r = 512) niter = 1 gave 0.6 % / 1.2 % /
     0.8 % and niter = 2 gave <= 0.2 %, against 1.6-6.8 % for a single Gaussian-sketch block.

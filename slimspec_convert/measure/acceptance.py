@@ -1,7 +1,7 @@
 """Offline acceptance of drafter heads on held-out data (sum_v min(p_v, q_v) and top-1 agreement).
 
 The acceptance probability of speculative sampling (Leviathan et al. 2023, Theorem 3.5) comes from
-:func:`slimspec_convert.decoding.speculative.acceptance_probability`, the one implementation that
+:func:`slimspec_convert.decoding.speculative.expected_acceptance_terms`, the one implementation that
 decoding, training and benchmarks share.
 """
 

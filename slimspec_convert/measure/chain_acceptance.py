@@ -28,11 +28,13 @@ from torch import Tensor
 from slimspec_convert.data.distill import DistillConfig, generate_answers
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
+from slimspec_convert.decoding.prompts import render_prompt
 from slimspec_convert.decoding.speculative import chain_tau_from_agreement, tau_from_committed
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
 from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.targets.forward import target_forward
+from slimspec_convert.targets.load import resolve_chat
 
 
 @dataclass
@@ -86,39 +88,35 @@ def build_onpolicy_eval(
     max_new_tokens: int = 64,
     batch_size: int = 8,
     system_prompt: str | None = None,
+    chat: bool | None = None,
 ) -> OnPolicyEval:
     """Answer ``prompts`` with the target (greedy) and capture its aux hidden states on the answers.
 
     Args:
         model: target HF causal LM (eval mode).
-        tokenizer: its tokenizer (chat template).
-        prompts: held-out user prompts (never training prompts).
+        tokenizer: its tokenizer.
+        prompts: held-out user prompts or completion prompts (never training prompts).
         aux_layers: boundary ids the drafter reads (``resolve_aux_layers``).
         max_new_tokens: answer length cap.
         batch_size: prompts per ``generate`` / forward call.
         system_prompt: None keeps the template's default.
+        chat: chat template (True), completion prompts (False) or the tokenizer's choice (None,
+            :func:`~slimspec_convert.targets.load.resolve_chat`).
 
     Returns:
         :class:`OnPolicyEval`.
 
     Raises:
-        ValueError: no prompt.
+        ValueError: no prompt; chat=True without a chat template.
     """
     if not prompts:
         raise ValueError("on-policy evaluation needs at least one held-out prompt")
     cfg = DistillConfig(batch_size=batch_size, max_new_tokens=max_new_tokens)
+    use_chat = resolve_chat(tokenizer, chat).chat
     rows = []
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
-        texts = [
-            tokenizer.apply_chat_template(
-                ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-                + [{"role": "user", "content": p}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for p in chunk
-        ]
+        texts = [render_prompt(tokenizer, p, use_chat, system_prompt) for p in chunk]
         answers = generate_answers(model, tokenizer, texts, cfg)
         for text, ans in zip(texts, answers, strict=True):
             rows.append((tokenizer(text, add_special_tokens=False)["input_ids"], ans))
@@ -318,7 +316,13 @@ def chain_acceptance(
 
 
 def measured_chain_tau(
-    model, tokenizer, drafter: Eagle3Drafter, prompts: list[str], depth: int, max_new_tokens: int = 64
+    model,
+    tokenizer,
+    drafter: Eagle3Drafter,
+    prompts: list[str],
+    depth: int,
+    max_new_tokens: int = 64,
+    chat: bool | None = None,
 ) -> float:
     """Real greedy chain speculative decoding of ``prompts``: tokens committed per verification.
 
@@ -331,6 +335,7 @@ def measured_chain_tau(
         drafter,
         DraftConfig(method="chain", depth=depth),
         SamplingConfig(max_new_tokens=max_new_tokens),
+        chat=chat,
     )
     committed = [c for r in gen.generate(list(prompts)) for c in r.stats.committed_per_cycle]
     return float(tau_from_committed(committed))

@@ -33,6 +33,14 @@ and the drafter ``a_d`` (the depths above), so the round commits ``1 + max(a_d, 
 verifies ``n + proposed - min(a_d, a_l)`` (the correct leading tokens both propose are one node);
 predicted tokens/s = mean committed / (mean ``T_verify`` + ``T_draft + T_other``), the latter timed
 with the lookup on; the means are over the round starts the walk visits with ``max(a_d, a_l)``.
+
+The plan also chooses the lookup (``lookups``, by default :data:`AUTO_LOOKUPS`: off or 1-5 tokens): every
+shape is timed once without it, every (shape, lookup) pair is predicted with that timing, and the best
+predictions whose timing was of the shape without lookup are timed again with their lookup on, until the
+best candidate's own timing is in its prediction (:func:`plan_draft_shape`). The plan is cached as JSON
+under ``$SLIMSPEC_CACHE/draft_plan`` per (target, drafter weights, device, dtype, threads, torch,
+calibration prompts, settings), like the verification curve, and is not reused when it was made on a
+busy machine.
 """
 
 from __future__ import annotations
@@ -43,8 +51,8 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -53,7 +61,7 @@ from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.lookup import lookup_matches
-from slimspec_convert.devices import clock_ms
+from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.measure.chain_acceptance import (
     OnPolicyEval,
     build_onpolicy_eval,
@@ -62,172 +70,27 @@ from slimspec_convert.measure.chain_acceptance import (
     visited_round_starts,
 )
 from slimspec_convert.measure.machine import read_load_1m, timing_machine
-from slimspec_convert.targets.cache import keep_cache_slots, new_target_cache
-from slimspec_convert.targets.forward import _cache_kwarg, resolve_aux_layers
+from slimspec_convert.measure.verify_cost import (
+    VerifyCost,
+    read_timing_cache,
+    timing_cache_path,
+    verify_cost,
+    verify_key,
+)
+from slimspec_convert.targets.forward import resolve_aux_layers
 from slimspec_convert.targets.linear_product import linear_product
+from slimspec_convert.version import __version__
 
 logger = logging.getLogger(__name__)
 
-AUTO_DRAFT = "auto"  # --draft auto
 AUTO_CALIBRATION_PROMPTS = 4  # prompts the target answers once to measure the drafter's acceptance
-VERIFY_TOKENS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-VERIFY_CONTEXT = 256  # cached tokens before the verified ones, unless the plan gives its own
-VERIFY_TIMING = "interleaved-fastest"  # how the curve is timed (cache key: others are timed anew)
+AUTO_LOOKUPS = (0, 1, 2, 3, 4, 5)  # prompt-lookup tokens per round the plan chooses among (0 = off)
+RETIME_CANDIDATES = 4  # best predictions timed again with their own lookup on, per pass
+PLAN_FORMAT = 2  # part of the plan cache key: bump when the planning changes
+# The default calibration prompts: held-out *training* prompts (data/README.md), never evaluation ones.
+HELDOUT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "heldout" / "general24.jsonl"
 CHAIN_DEPTHS = (1, 2, 3, 4, 5)
 TREE_SHAPES = ((3, 2, 6), (3, 3, 9), (4, 2, 8), (4, 3, 12), (4, 4, 16), (5, 3, 15), (5, 4, 20), (6, 4, 24))
-
-
-@dataclass(frozen=True)
-class VerifyCost:
-    """The target's verification time against the number of tokens verified in one forward.
-
-    Attributes:
-        tokens: verified token counts measured (ascending).
-        ms: fastest milliseconds of one forward for each count, after ``context`` cached tokens.
-        context: cached tokens before the verified ones.
-        key: what the figures are of (target, device, dtype, threads, torch version).
-    """
-
-    tokens: tuple[int, ...]
-    ms: tuple[float, ...]
-    context: int
-    key: dict = field(default_factory=dict)
-
-    def at(self, n: int) -> float:
-        """Milliseconds to verify ``n`` tokens (linear between, and beyond, the measured counts)."""
-        ts, ms = self.tokens, self.ms
-        if n <= ts[0]:
-            return ms[0]
-        for i in range(1, len(ts)):
-            if n <= ts[i]:
-                w = (n - ts[i - 1]) / (ts[i] - ts[i - 1])
-                return ms[i - 1] + w * (ms[i] - ms[i - 1])
-        slope = (ms[-1] - ms[-2]) / (ts[-1] - ts[-2])
-        return ms[-1] + slope * (n - ts[-1])
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def verify_key(model, context: int) -> dict:
-    """What a verification timing is of: target config hash, device, dtype, threads, torch, context,
-    the linear layers' product (:mod:`slimspec_convert.targets.linear_product`) and the timing method."""
-    p = next(model.parameters())
-    cfg = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
-    return {
-        "target": hashlib.sha256(cfg.encode()).hexdigest()[:16],
-        "device": str(p.device),
-        "dtype": str(p.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "context": context,
-        "linear_product": linear_product(model),
-        "timing": VERIFY_TIMING,
-    }
-
-
-@torch.no_grad()
-def measure_verify_cost(
-    model, tokens: Sequence[int] = VERIFY_TOKENS, context: int = VERIFY_CONTEXT, repeats: int = 5
-) -> VerifyCost:
-    """Time the target's forward of ``n`` new tokens after ``context`` cached ones, for each ``n``.
-
-    Args:
-        model: HF causal LM (eval mode).
-        tokens: counts to measure.
-        context: cached tokens before them (the cache is cropped back after every call).
-        repeats: timed calls per count (the fastest is kept, the rule of :mod:`timeit` and of
-            ``bench e2e``: the curve is cached and reused, so a burst of load while it is timed must
-            not stay in it; one untimed round first). The counts are timed in turn, ``repeats + 1``
-            rounds over all of them.
-
-    Returns:
-        :class:`VerifyCost` in milliseconds.
-    """
-    dev = next(model.parameters()).device
-    g = torch.Generator().manual_seed(0)
-    vocab = int(model.config.vocab_size)
-    ids = torch.randint(100, vocab - 1, (1, context + max(tokens)), generator=g).to(dev)
-    cache = new_target_cache()
-    kw = _cache_kwarg(model)
-    model(input_ids=ids[:, :context], use_cache=True, **{kw: cache})
-    samples: dict[int, list[float]] = {n: [] for n in tokens}
-    for r in range(repeats + 1):  # counts interleaved, so a burst of machine noise hits them all alike
-        for n in tokens:
-            x = ids[:, context : context + n]
-            pos = torch.arange(context, context + n, device=dev)[None]
-            t0 = clock_ms(dev)
-            model(input_ids=x, position_ids=pos, use_cache=True, **{kw: cache})
-            dt = clock_ms(dev) - t0
-            keep_cache_slots(cache, context, None, 0)
-            if r:
-                samples[n].append(dt)
-    ms = [min(samples[n]) for n in tokens]
-    return VerifyCost(tuple(tokens), tuple(ms), context, verify_key(model, context))
-
-
-def timing_cache_path(cache_dir: str | Path | None, kind: str, key: dict) -> Path:
-    """``cache_dir`` (default ``$SLIMSPEC_CACHE/<kind>``) / a 16-hex hash of ``key`` + ``.json``."""
-    from slimspec_convert.targets.fetch import cache_dir as default_cache
-
-    folder = Path(cache_dir) if cache_dir is not None else default_cache() / kind
-    return folder / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".json")
-
-
-def read_timing_cache(path: Path, key: dict) -> dict | None:
-    """The cached JSON at ``path`` when it exists, parses, holds ``key`` and was timed on a quiet machine.
-
-    A timing taken while the machine was busy (its ``machine`` record: other work competed for the
-    cores, :func:`~slimspec_convert.measure.machine.timing_machine`), or one without that record (written
-    before loads were recorded), is not reused: the caller times again and overwrites it, so a
-    choice made under load does not stick once the machine is quiet.
-
-    Returns:
-        The cached dict, or None (logged when the file is unreadable or was timed under load).
-    """
-    if not path.is_file():
-        return None
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        logger.warning("%s: unreadable timing cache; timing again", path)
-        return None
-    if not (isinstance(raw, dict) and raw.get("key") == key):
-        return None
-    machine = raw.get("machine")
-    if not isinstance(machine, dict) or machine.get("busy") is not False:
-        why = machine.get("reason") if isinstance(machine, dict) else "no load recorded"
-        logger.warning("%s: timed on a busy machine (%s); timing again", path, why)
-        return None
-    return raw
-
-
-def verify_cost(
-    model, cache_dir: str | Path | None = None, refresh: bool = False, context: int = VERIFY_CONTEXT
-) -> VerifyCost:
-    """:func:`measure_verify_cost`, cached per (target, device, dtype, threads, torch, context, linear
-    product) as JSON.
-
-    Args:
-        model: HF causal LM.
-        cache_dir: folder of the cache files (default ``$SLIMSPEC_CACHE/verify_cost``).
-        refresh: measure again even when a file exists.
-        context: cached tokens before the verified ones.
-    """
-    key = verify_key(model, context)
-    path = timing_cache_path(cache_dir, "verify_cost", key)
-    raw = None if refresh else read_timing_cache(path, key)
-    if raw is not None:
-        try:
-            return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
-        except (KeyError, TypeError, ValueError):
-            logger.warning("%s: unreadable verification-cost cache; measuring again", path)
-    load_before = read_load_1m()
-    vc = measure_verify_cost(model, context=context)
-    atomic_write_json(
-        path, {**vc.to_dict(), "machine": timing_machine(load_before, torch.get_num_threads()).to_dict()}
-    )
-    return vc
 
 
 def shape_name(d: DraftConfig) -> str:
@@ -292,7 +155,11 @@ def lookup_rounds(ev: OnPolicyEval, depth: int, d: DraftConfig) -> tuple[torch.T
 
 @dataclass(frozen=True)
 class ShapeCandidate:
-    """One shape's figures: predicted tau, the measured costs per round, predicted tokens/s."""
+    """One (shape, lookup) candidate: predicted tau, the measured costs per round, predicted tokens/s.
+
+    ``timed`` says whether ``draft_and_loop_ms`` was timed with this exact draft (lookup included);
+    False: it is the same shape's timing without the lookup, a first estimate (:func:`plan_draft_shape`).
+    """
 
     shape: str
     draft: dict
@@ -300,6 +167,7 @@ class ShapeCandidate:
     verify_ms: float
     draft_and_loop_ms: float
     predicted_tokens_per_s: float
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -307,12 +175,14 @@ class DraftPlan:
     """What ``--draft auto`` chose and why.
 
     Attributes:
-        draft: the chosen :class:`DraftConfig`.
-        candidates: every shape tried, best first.
+        draft: the chosen :class:`DraftConfig` (shape and prompt lookup).
+        candidates: every candidate, best first.
         plain_tokens_per_s: the target alone, predicted the same way (one token verified per round).
         verify: the verification-cost curve used.
         calibration_prompts: how many prompts gave the acceptance and the costs.
-        seconds: time the planning took.
+        seconds: time the planning took (reading the cache, when ``cached``).
+        cached: read from the plan cache (:func:`plan_draft_shape`) instead of planned now.
+        planned_seconds: time the planning took when it was made (equals ``seconds`` unless cached).
     """
 
     draft: DraftConfig
@@ -321,17 +191,26 @@ class DraftPlan:
     verify: VerifyCost
     calibration_prompts: int
     seconds: float
+    cached: bool = False
+    planned_seconds: float | None = None
 
     @property
     def best(self) -> ShapeCandidate:
         return self.candidates[0]
 
     def summary(self) -> str:
+        """One line: the shape picked, its prediction against plain decoding, the runners-up, the cost."""
         b = self.best
+        cost = (
+            f"cached plan, {self.seconds:.1f} s (planned in {self.planned_seconds or 0:.0f} s)"
+            if self.cached
+            else f"planned in {self.seconds:.0f} s on {self.calibration_prompts} calibration prompts"
+        )
         return (
             f"--draft auto: {b.shape} (predicted tau {b.predicted_tau:.2f}, {b.predicted_tokens_per_s:.1f} "
             f"tokens/s; plain decoding {self.plain_tokens_per_s:.1f}); runner-up "
             + ", ".join(f"{c.shape} {c.predicted_tokens_per_s:.1f}" for c in self.candidates[1:4])
+            + f"; {cost}"
         )
 
     def to_dict(self) -> dict:
@@ -345,7 +224,28 @@ class DraftPlan:
             "verify": self.verify.to_dict(),
             "calibration_prompts": self.calibration_prompts,
             "seconds": self.seconds,
+            "cached": self.cached,
+            "planned_seconds": self.planned_seconds,
         }
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> DraftPlan:
+        """The plan :meth:`to_dict` wrote.
+
+        Raises:
+            KeyError, TypeError, ValueError: a dict of another form.
+        """
+        v = raw["verify"]
+        return cls(
+            draft=DraftConfig(**raw["draft"]),
+            candidates=tuple(ShapeCandidate(**c) for c in raw["candidates"]),
+            plain_tokens_per_s=float(raw["plain_tokens_per_s"]),
+            verify=VerifyCost(tuple(v["tokens"]), tuple(v["ms"]), int(v["context"]), v["key"]),
+            calibration_prompts=int(raw["calibration_prompts"]),
+            seconds=float(raw["seconds"]),
+            cached=bool(raw.get("cached", False)),
+            planned_seconds=raw.get("planned_seconds"),
+        )
 
 
 def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
@@ -360,13 +260,86 @@ def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
     return out
 
 
-def _draft_and_loop_ms(model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int) -> float:
-    """Milliseconds per round outside the target's forward: drafting plus the loop's own work."""
-    gen = SpeculativeGenerator(model, tokenizer, drafter, d, SamplingConfig(max_new_tokens=new_tokens))
+def calibration_prompts(path: str | Path | None = None, num: int = AUTO_CALIBRATION_PROMPTS) -> list[str]:
+    """The calibration prompts of ``--draft auto``: ``num`` first turns spread evenly over a prompt file.
+
+    Args:
+        path: JSONL prompts (:func:`~slimspec_convert.decoding.prompts.load_prompts`); None: the held-out
+            training prompts :data:`HELDOUT_PROMPTS` (never evaluation prompts: data/README.md).
+        num: how many; the first and the last prompt of the file are always among them.
+
+    Returns:
+        Up to ``num`` prompts, in file order.
+
+    Raises:
+        FileNotFoundError: the file is missing (the default ships with the git checkout, not a wheel).
+        ValueError: a file with no prompt, or ``num < 1``.
+    """
+    if num < 1:
+        raise ValueError(f"calibration prompts: num={num}, expected >= 1")
+    if path is None and not HELDOUT_PROMPTS.is_file():
+        raise FileNotFoundError(
+            f"--draft auto: the held-out calibration prompts {HELDOUT_PROMPTS} are missing (they ship with "
+            "the git checkout, not with a wheel); pass --auto-prompts FILE.jsonl or a shape (--draft chain)"
+        )
+    prompts = [t[0] for t in load_prompts(HELDOUT_PROMPTS if path is None else path)]
+    if not prompts:
+        raise ValueError(f"{path or HELDOUT_PROMPTS}: no prompt to calibrate --draft auto on")
+    if len(prompts) <= num:
+        return prompts
+    picks = sorted({round(i * (len(prompts) - 1) / (num - 1)) for i in range(num)}) if num > 1 else [0]
+    return [prompts[i] for i in picks]
+
+
+def draft_and_loop_ms(
+    model, tokenizer, drafter, prompt: str, d: DraftConfig, new_tokens: int, chat: bool | None = None
+) -> float:
+    """Milliseconds per round outside the target's forward: drafting plus the loop's own work.
+
+    Decodes ``prompt`` greedily for ``new_tokens`` tokens with draft ``d`` (``drafter`` None: the
+    target alone, with ``d``'s lookup) and subtracts the target's forward time from the wall time.
+    ``chat``: the prompt through the chat template (True), as a completion prompt (False), or as the
+    tokenizer decides (None).
+    """
+    sampling = SamplingConfig(max_new_tokens=new_tokens)
+    gen = SpeculativeGenerator(model, tokenizer, drafter, d, sampling, chat=chat)
     t0 = time.perf_counter()
     res = gen.generate([prompt])[0]
     wall = (time.perf_counter() - t0) * 1e3
     return (wall - res.stats.target_ms) / max(1, res.stats.cycles)
+
+
+def drafter_fingerprint(drafter) -> str:
+    """A 16-hex hash of everything about ``drafter`` that its plan depends on.
+
+    Its config, every tensor of its state dict (name, dtype, shape, bytes; the borrowed target rows
+    included), the shortlist rerank of a low-rank head and its linear product. Hashing reads every
+    byte once (about 0.1 s per 100 MB).
+    """
+    h = hashlib.sha256(repr(drafter.config).encode())
+    head = drafter.lm_head
+    h.update(repr((getattr(head, "rerank_k", 0), getattr(head, "rerank_context", 0))).encode())
+    h.update(linear_product(drafter).encode())
+    for name, t in sorted(drafter.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def plan_key(model, drafter, prompts: Sequence[str], settings: dict) -> dict:
+    """What a cached plan is of: the target (:func:`verify_key` without the context), the drafter
+    (:func:`drafter_fingerprint`), the calibration prompts, the planning settings and versions."""
+    target = {k: v for k, v in verify_key(model, 0).items() if k != "context"}
+    prompt_hash = hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()[:16]
+    return {
+        "format": PLAN_FORMAT,
+        "slimspec": __version__,
+        "target": target,
+        "drafter": drafter_fingerprint(drafter),
+        "prompts": prompt_hash,
+        **settings,
+    }
 
 
 def plan_draft_shape(
@@ -378,38 +351,84 @@ def plan_draft_shape(
     max_new_tokens: int = 64,
     cost_tokens: int = 16,
     cache_dir: str | Path | None = None,
-    ev: OnPolicyEval | None = None,
+    ev: OnPolicyEval | Callable[[], OnPolicyEval] | None = None,
     lookup: DraftConfig | None = None,
+    lookups: Sequence[int] | None = None,
+    cache: bool = True,
+    chat: bool | None = None,
 ) -> DraftPlan:
-    """Pick the draft shape with the highest predicted greedy tokens/s (module docstring).
+    """Pick the draft shape and prompt lookup with the highest predicted greedy tokens/s (module docstring).
 
     Args:
         model: the target (eval mode), on its device and dtype.
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer.
         drafter: the drafter, on the same device and dtype.
         prompts: calibration prompts (a few: each is answered by the target once, ``max_new_tokens``).
         max_new_tokens: answer length of the calibration prompts.
-        cost_tokens: tokens decoded with every candidate shape to time its drafting and loop work.
-        cache_dir: where the verification-cost curve is cached.
+        cost_tokens: tokens decoded with every timed candidate to time its drafting and loop work.
+        cache_dir: folder of the caches (default ``$SLIMSPEC_CACHE``): the verification-cost curve in
+            ``verify_cost/``, the plan in ``draft_plan/``.
         ev: the target's answers to ``prompts`` and their aux hidden states, when already built
             (:func:`build_onpolicy_eval` with ``max_new_tokens`` and the drafter's aux layers; e.g.
-            shared by the drafters of one benchmark); None builds it here.
-        lookup: its prompt-lookup fields go onto every candidate and into the prediction (module
-            docstring); None or ``lookup = 0``: no lookup.
+            shared by the drafters of one benchmark), or a function that builds them (called only when
+            no cached plan is found); None builds them here.
+        lookup: its n-gram fields (``lookup_min_ngram``, ``lookup_max_ngram``) go onto every candidate;
+            with ``lookups`` None its ``lookup`` is the one lookup planned with (None or 0: none).
+        lookups: the prompt-lookup token counts to choose among (0 = off), e.g. :data:`AUTO_LOOKUPS`.
+        cache: read a cached plan of the same key (one made on a quiet machine) and write this one.
+        chat: prompts through the chat template (True), as completion prompts (False), or as the
+            tokenizer decides (None, :func:`~slimspec_convert.targets.load.resolve_chat`).
 
     Returns:
         :class:`DraftPlan`.
 
     Raises:
-        ValueError: no calibration prompt, answers too short for the deepest candidate, or an
-            ``ev`` of other prompts or other aux layers.
+        ValueError: no calibration prompt, a negative lookup, answers too short for the deepest
+            candidate, or an ``ev`` of other prompts or other aux layers.
     """
     if not prompts:
         raise ValueError("--draft auto needs at least one calibration prompt")
     t0 = time.perf_counter()
+    grams = lookup or DraftConfig()
+    ks = tuple(sorted(set(lookups if lookups is not None else ((lookup.lookup if lookup else 0),))))
+    if not ks or ks[0] < 0:
+        raise ValueError(f"plan_draft_shape: lookups={ks}, expected token counts >= 0 (0 = off)")
+    settings = dict(
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        cost_tokens=cost_tokens,
+        lookups=list(ks),
+        lookup_min_ngram=grams.lookup_min_ngram,
+        lookup_max_ngram=grams.lookup_max_ngram,
+    )
+    key = plan_key(model, drafter, prompts, settings) if cache else {}
+    path = timing_cache_path(cache_dir and Path(cache_dir) / "draft_plan", "draft_plan", key)
+    raw = read_timing_cache(path, key) if cache else None
+    if raw is not None:
+        try:
+            plan = DraftPlan.from_dict(raw["plan"])
+            return replace(plan, cached=True, seconds=time.perf_counter() - t0)
+        except (KeyError, TypeError, ValueError):
+            logger.warning("%s: unreadable draft plan cache; planning again", path)
+    load_before = read_load_1m()
+    plan = _plan(
+        model, tokenizer, drafter, list(prompts), ks, grams, max_new_tokens, cost_tokens, cache_dir, ev, chat
+    )
+    seconds = time.perf_counter() - t0
+    plan = replace(plan, seconds=seconds, planned_seconds=seconds)
+    if cache:
+        machine = timing_machine(load_before, torch.get_num_threads()).to_dict()
+        atomic_write_json(path, {"key": key, "plan": plan.to_dict(), "machine": machine})
+    return plan
+
+
+def _plan(model, tokenizer, drafter, prompts, ks, grams, max_new_tokens, cost_tokens, cache_dir, ev, chat):
+    """The planning of :func:`plan_draft_shape` (no plan cache)."""
     aux = resolve_aux_layers(drafter.config, model)
+    if callable(ev):
+        ev = ev()
     if ev is None:
-        ev = build_onpolicy_eval(model, tokenizer, list(prompts), aux, max_new_tokens=max_new_tokens)
+        ev = build_onpolicy_eval(model, tokenizer, prompts, aux, max_new_tokens=max_new_tokens, chat=chat)
     elif list(ev.prompts) != list(prompts) or tuple(ev.aux_layers) != tuple(aux):
         raise ValueError(
             f"plan_draft_shape: the on-policy set was built for {len(ev.prompts)} other prompts or aux "
@@ -417,34 +436,43 @@ def plan_draft_shape(
         )
     prompt_tokens = float(ev.answer_mask.int().argmax(1).float().mean())  # first answer position
     context = 64 * math.ceil((prompt_tokens + max_new_tokens / 2) / 64)
-    vc = verify_cost(model, cache_dir, context=context)
+    vc = verify_cost(model, cache_dir and Path(cache_dir) / "verify_cost", context=context)
     shapes = candidate_shapes(drafter.config.draft_vocab_size)
     depth_max = max(s.depth for s in shapes)
     ranks = chain_ranks(drafter, ev, depth_max)
-    looked = None
-    if lookup is not None and lookup.lookup:
-        fields = {f: getattr(lookup, f) for f in ("lookup", "lookup_min_ngram", "lookup_max_ngram")}
-        shapes = [replace(s, **fields) for s in shapes]
-        looked = lookup_rounds(ev, depth_max, shapes[0])
-    _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], shapes[-1], cost_tokens)  # warm-up
-    cands = []
-    starts = round_starts(ev, depth_max)  # the columns of ranks and of looked
-    for s in shapes:
-        if looked is None:
-            tau, v = predicted_tau(ranks, s, starts), vc.at(verified_tokens(s))
+    starts = round_starts(ev, depth_max)  # the columns of ranks and of the lookup rounds
+    fields = {"lookup_min_ngram": grams.lookup_min_ngram, "lookup_max_ngram": grams.lookup_max_ngram}
+    shapes = [replace(s, **fields) for s in shapes]
+
+    def timed(d: DraftConfig) -> float:
+        return draft_and_loop_ms(model, tokenizer, drafter, prompts[0], d, cost_tokens, chat)
+
+    def predict(d: DraftConfig, other: float, exact: bool) -> ShapeCandidate:
+        if not d.lookup:
+            tau, v = predicted_tau(ranks, d, starts), vc.at(verified_tokens(d))
         else:
-            proposed, a_l = looked
-            a_d = drafter_accepted(ranks, s)
+            proposed, a_l = looked[d.lookup]
+            a_d = drafter_accepted(ranks, d)
             accepted = torch.maximum(a_d, a_l)  # the round commits 1 + the longer accepted branch
             seen = visited_round_starts(accepted, starts)
             tau = 1.0 + float(accepted[seen].mean())
-            nodes = verified_tokens(s) + proposed[seen] - torch.minimum(a_d, a_l)[seen]
+            nodes = verified_tokens(d) + proposed[seen] - torch.minimum(a_d, a_l)[seen]
             v = statistics.fmean(vc.at(int(n)) for n in nodes.tolist())
-        other = _draft_and_loop_ms(model, tokenizer, drafter, prompts[0], s, cost_tokens)
-        cands.append(ShapeCandidate(shape_name(s), asdict(s), tau, v, other, tau / ((v + other) / 1e3)))
+        return ShapeCandidate(shape_name(d), asdict(d), tau, v, other, tau / ((v + other) / 1e3), exact)
+
+    looked = {k: lookup_rounds(ev, depth_max, replace(shapes[0], lookup=k)) for k in ks if k}
+    timed(replace(shapes[-1], lookup=ks[-1]))  # warm-up
+    base = {s: timed(replace(s, lookup=ks[0])) for s in shapes}  # each shape once, at the first lookup
+    cands = [predict(replace(s, lookup=k), base[s], k == ks[0]) for s in shapes for k in ks]
     cands.sort(key=lambda c: -c.predicted_tokens_per_s)
+    while not cands[0].timed:  # time the best estimates with their own lookup until the best is timed
+        todo = [c for c in cands if not c.timed][:RETIME_CANDIDATES]
+        for c in todo:
+            d = DraftConfig(**c.draft)
+            cands[cands.index(c)] = predict(d, timed(d), True)
+        cands.sort(key=lambda c: -c.predicted_tokens_per_s)
     best = DraftConfig(**cands[0].draft)
     plain_shape = replace(best, lookup=0)
-    plain_ms = _draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens)
+    plain_ms = draft_and_loop_ms(model, tokenizer, None, prompts[0], plain_shape, cost_tokens, chat)
     plain = 1e3 / (vc.at(1) + plain_ms)
-    return DraftPlan(best, tuple(cands), plain, vc, len(prompts), time.perf_counter() - t0)
+    return DraftPlan(best, tuple(cands), plain, vc, len(prompts), 0.0)

@@ -27,17 +27,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from slimspec_convert.decoding.config import DraftConfig, SamplingConfig
+from slimspec_convert.decoding.config import AUTO_DRAFT, DraftConfig, SamplingConfig, check_draft_method
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.decoding.prompts import load_prompts
 from slimspec_convert.decoding.results import GenerationResult
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
 from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.measure.chain_acceptance import OnPolicyEval, build_onpolicy_eval
 from slimspec_convert.measure.draft_shape import (
-    AUTO_CALIBRATION_PROMPTS,
-    AUTO_DRAFT,
+    AUTO_LOOKUPS,
     DraftPlan,
+    calibration_prompts,
     plan_draft_shape,
     shape_name,
 )
@@ -71,12 +70,16 @@ class BenchE2EConfig:
     drafters rescore their top-k logits with their embedding rows (``Eagle3Drafter.enable_rerank``),
     and the last ``rerank_context`` distinct tokens of each sequence.
     ``device`` and ``dtype`` place the target and every drafter (``auto``: cuda when available,
-    bfloat16 there, float32 on the CPU). ``draft_method='auto'`` gives every drafter its own shape
-    (:mod:`~slimspec_convert.measure.draft_shape`), planned on the prompts of ``auto_prompts`` (held-out
-    prompts, so that no benchmark answer informs the choice) or else on the first benchmark prompts.
-    ``lookup`` > 0 grafts that many prompt-lookup tokens onto every drafter's shape
-    (``DraftConfig.lookup``) and adds the row ``lookup``: the target with prompt lookup alone, so the
-    table shows what the drafter adds beyond copying.
+    bfloat16 there, float32 on the CPU). ``draft_method='auto'`` (the default, as in ``slimspec
+    generate``) gives every drafter its own shape and prompt lookup
+    (:mod:`~slimspec_convert.measure.draft_shape`), planned on the prompts of ``auto_prompts`` (None: the
+    held-out training prompts, :func:`~slimspec_convert.measure.draft_shape.calibration_prompts`), so
+    that no benchmark answer informs the choice. ``lookup`` sets the prompt lookup of every drafter by
+    hand (0 = off; None: planned by ``auto``, off with tree or chain) and ``drafter_lookup`` holds
+    (name, tokens) pairs that set it for one drafter (e.g. the same drafter twice, planned and by
+    hand). When any drafter drafts with a lookup, the row ``lookup`` is added: the target with prompt
+    lookup alone (the largest lookup of the drafters), so the table shows what a drafter adds beyond
+    copying.
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -84,28 +87,35 @@ class BenchE2EConfig:
     rerank_context: int = DEFAULT_RERANK_CONTEXT
     max_new_tokens: int = DEFAULT_E2E_MAX_NEW_TOKENS
     batch_size: int = 1
-    draft_method: str = "tree"
+    draft_method: str = AUTO_DRAFT
     max_prompts: int = DEFAULT_E2E_MAX_PROMPTS
     dtype: str = AUTO_DTYPE
     device: str = "auto"
     reference: str | None = None
     warmup_tokens: int = DEFAULT_E2E_WARMUP_TOKENS
     force: bool = False
-    auto_prompts: str | None = None  # --draft auto: calibration prompts file (default: the first prompts)
+    auto_prompts: str | None = None  # --draft auto: calibration prompts file (None: held-out training ones)
     linear_product: str = "auto"  # slimspec_convert.targets.linear_product: auto, torch or transposed
     repeats: int = 1  # runs per batch and configuration, interleaved; the fastest is kept
-    lookup: int = 0  # prompt-lookup tokens grafted per round (DraftConfig.lookup), 0 = off
+    lookup: int | None = None  # prompt-lookup tokens grafted per round by hand, 0 = off, None = planned
+    drafter_lookup: tuple[tuple[str, int], ...] = ()  # (name, tokens): one drafter's lookup by hand
     lookup_min_ngram: int = DraftConfig.lookup_min_ngram
     lookup_max_ngram: int = DraftConfig.lookup_max_ngram
+    chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
 
-    def lookup_config(self, draft: DraftConfig | None = None) -> DraftConfig:
-        """``draft`` (default: ``DraftConfig()``) with this run's prompt-lookup fields."""
+    def lookup_config(self, draft: DraftConfig | None = None, lookup: int = 0) -> DraftConfig:
+        """``draft`` (default: ``DraftConfig()``) with this run's n-gram fields and ``lookup`` tokens."""
         return replace(
             draft or DraftConfig(),
-            lookup=self.lookup,
+            lookup=lookup,
             lookup_min_ngram=self.lookup_min_ngram,
             lookup_max_ngram=self.lookup_max_ngram,
         )
+
+    def hand_lookup(self, name: str) -> int | None:
+        """Drafter ``name``'s prompt lookup set by hand (``drafter_lookup``, then ``lookup``); None: planned
+        (``draft_method`` auto) or off."""
+        return dict(self.drafter_lookup).get(name, self.lookup)
 
     def __post_init__(self) -> None:
         check_linear_product("BenchE2EConfig", self.linear_product)
@@ -121,12 +131,20 @@ class BenchE2EConfig:
                 f"BenchE2EConfig.drafters: '{E2E_PLAIN_NAME}' is the plain-decoding baseline "
                 "(always run); pick another name"
             )
-        if self.lookup and E2E_LOOKUP_NAME in names:
+        if E2E_LOOKUP_NAME in names:
             raise ValueError(
-                f"BenchE2EConfig.drafters: '{E2E_LOOKUP_NAME}' is the prompt-lookup row of --lookup; "
-                "pick another name"
+                f"BenchE2EConfig.drafters: '{E2E_LOOKUP_NAME}' is the prompt-lookup row; pick another name"
             )
-        self.lookup_config()  # validates the lookup fields
+        if self.lookup is not None and self.lookup < 0:
+            raise ValueError(f"BenchE2EConfig.lookup={self.lookup}: expected >= 0 (0 = off), None = planned")
+        for name, k in self.drafter_lookup:
+            if name not in names:
+                raise ValueError(
+                    f"BenchE2EConfig.drafter_lookup: {name!r} is not one of the drafters {names}"
+                )
+            if not isinstance(k, int) or k < 0:
+                raise ValueError(f"BenchE2EConfig.drafter_lookup: {name}={k!r}, expected an integer >= 0")
+        self.lookup_config()  # validates the n-gram fields
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
         for name, k in self.rerank:
@@ -141,8 +159,7 @@ class BenchE2EConfig:
                 raise ValueError(f"BenchE2EConfig.{name}={getattr(self, name)}: expected >= 1")
         if self.warmup_tokens < 0:
             raise ValueError(f"BenchE2EConfig.warmup_tokens={self.warmup_tokens}: expected >= 0")
-        if self.draft_method != AUTO_DRAFT:
-            DraftConfig(method=self.draft_method)  # validates the method name
+        check_draft_method("BenchE2EConfig", self.draft_method)
         check_run_dtype("BenchE2EConfig", self.dtype)
         check_device_name("BenchE2EConfig", self.device)
 
@@ -207,6 +224,7 @@ class E2EResult:
     per_prompt: dict[str, list[dict]]
     machine: MachineState | None = None  # the larger 1-min load of the readings before and after
     linear_product: dict | None = None  # LinearProductChoice.to_dict() of the run
+    provenance: dict | None = None  # measure.provenance.provenance(): date, command, versions, host
 
     def to_dict(self) -> dict:
         """JSON-ready dict with the package version."""
@@ -253,7 +271,8 @@ def run_e2e(
 
     Args:
         target_model: HF causal LM (eval mode).
-        tokenizer: its tokenizer (chat template applied to the prompts).
+        tokenizer: its tokenizer (prompts rendered as ``cfg.chat`` says,
+            :func:`~slimspec_convert.targets.load.resolve_chat`).
         drafters: name -> drafter, in report order.
         prompts: user prompts.
         cfg: decoding length, batch size, draft method, reference, linear product (set on the
@@ -273,38 +292,26 @@ def run_e2e(
     linear = apply_linear_product(target_model, drafters.values(), cfg.linear_product)
     if progress is not None:
         progress(linear.summary())
+    plans = plan_shapes(target_model, tokenizer, drafters, cfg, progress)
+    shapes: dict[str, DraftConfig] = {}
+    for name in drafters:
+        hand = cfg.hand_lookup(name) or 0
+        shapes[name] = (
+            plans[name].draft
+            if name in plans
+            else cfg.lookup_config(DraftConfig(method=cfg.draft_method), hand)
+        )
     configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
-    if cfg.lookup:
+    lookup_row = max((d.lookup for d in shapes.values()), default=0)
+    if lookup_row:
         configs = {E2E_PLAIN_NAME: None, E2E_LOOKUP_NAME: None, **drafters}
-    plans: dict[str, DraftPlan] = {}
-    if cfg.draft_method == AUTO_DRAFT:
-        calibration = list(prompts)
-        if cfg.auto_prompts is not None:
-            calibration = [t[0] for t in load_prompts(cfg.auto_prompts)]
-        calibration = calibration[:AUTO_CALIBRATION_PROMPTS]
-        answered: dict[tuple[int, ...], OnPolicyEval] = {}  # the target answers once per aux layers
-        for name, d in drafters.items():
-            if progress is not None:
-                progress(f"--draft auto: planning {name}")
-            aux = resolve_aux_layers(d.config, target_model)
-            if aux not in answered:
-                answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux)
-            look = cfg.lookup_config() if cfg.lookup else None
-            plans[name] = plan_draft_shape(
-                target_model, tokenizer, d, calibration, ev=answered[aux], lookup=look
-            )
-            if progress is not None:
-                progress(f"{name}: {plans[name].summary()}")
-    shapes = {n: plans[n].draft if n in plans else DraftConfig(method=cfg.draft_method) for n in drafters}
-    if cfg.lookup:
-        shapes = {n: cfg.lookup_config(d) for n, d in shapes.items()}
-        shapes[E2E_LOOKUP_NAME] = cfg.lookup_config()
+        shapes[E2E_LOOKUP_NAME] = cfg.lookup_config(lookup=lookup_row)
 
     def generator(name, max_new_tokens):
         sampling = SamplingConfig(max_new_tokens=max_new_tokens)
         draft = shapes.get(name, DraftConfig())  # plain decoding ignores it
         return SpeculativeGenerator(
-            target_model, tokenizer, configs[name], draft, sampling, batch_size=cfg.batch_size
+            target_model, tokenizer, configs[name], draft, sampling, chat=cfg.chat, batch_size=cfg.batch_size
         )
 
     load_before = read_load_1m()
@@ -344,6 +351,51 @@ def run_e2e(
     machine = machine_state(load_1m=max(loads) if loads else None)
     result = _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans, unstable)
     return replace(result, linear_product=linear.to_dict())
+
+
+def plan_shapes(
+    target_model,
+    tokenizer,
+    drafters: Mapping[str, Eagle3Drafter],
+    cfg: BenchE2EConfig,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, DraftPlan]:
+    """``--draft auto``: each drafter's plan (shape and lookup), on the calibration prompts of
+    ``cfg.auto_prompts`` (:func:`~slimspec_convert.measure.draft_shape.calibration_prompts`); the target
+    answers them at most once per set of aux layers, and only where no cached plan exists.
+
+    Returns:
+        name -> :class:`DraftPlan`; empty unless ``cfg.draft_method`` is auto.
+    """
+    if cfg.draft_method != AUTO_DRAFT:
+        return {}
+    calibration = calibration_prompts(cfg.auto_prompts)
+    answered: dict[tuple[int, ...], OnPolicyEval] = {}  # the target answers once per aux layers
+
+    def answers(aux: tuple[int, ...]) -> OnPolicyEval:
+        if aux not in answered:
+            answered[aux] = build_onpolicy_eval(target_model, tokenizer, calibration, aux, chat=cfg.chat)
+        return answered[aux]
+
+    plans = {}
+    for name, d in drafters.items():
+        if progress is not None:
+            progress(f"--draft auto: planning {name}")
+        aux = resolve_aux_layers(d.config, target_model)
+        hand = cfg.hand_lookup(name)
+        plans[name] = plan_draft_shape(
+            target_model,
+            tokenizer,
+            d,
+            calibration,
+            ev=lambda aux=aux: answers(aux),
+            lookup=cfg.lookup_config(),
+            lookups=AUTO_LOOKUPS if hand is None else (hand,),
+            chat=cfg.chat,
+        )
+        if progress is not None:
+            progress(f"{name}: {plans[name].summary()}")
+    return plans
 
 
 def _reference(configs: Mapping[str, Eagle3Drafter | None], cfg: BenchE2EConfig) -> str | None:
@@ -403,7 +455,7 @@ def _summarise(
             lookup_tokens=t.lookup_tokens,
         )
         if name == E2E_LOOKUP_NAME:
-            row["shape"] = f"lookup-{cfg.lookup}"
+            row["shape"] = f"lookup-{shapes[name].lookup}"
         elif drafter is not None and shapes and name in shapes:
             row["shape"] = shape_name(shapes[name])
         if plans and name in plans:

@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from slimspec_convert.atomic import atomic_write_json
-from slimspec_convert.measure.draft_shape import (
+from slimspec_convert.measure.machine import read_load_1m, timing_machine
+from slimspec_convert.measure.verify_cost import (
     measure_verify_cost,
     read_timing_cache,
     timing_cache_path,
     verify_key,
 )
-from slimspec_convert.measure.machine import read_load_1m, timing_machine
 from slimspec_convert.targets.linear_product import (
     LINEAR_PRODUCTS,
     TORCH_PRODUCT,

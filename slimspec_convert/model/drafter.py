@@ -311,7 +311,7 @@ class Eagle3Drafter(nn.Module):
 
     @property
     def head_is_lowrank(self) -> bool:
-        """True when lm_head is a :class:`~slimspec_convert.head.LowRankHead`."""
+        """True when lm_head is a :class:`~slimspec_convert.model.head.LowRankHead`."""
         return self.config.head_rank is not None
 
 

@@ -106,7 +106,7 @@ def target_forward(
     Returns:
         :class:`TargetOutput`.
     """
-    cache_kw = _cache_kwarg(model)
+    cache_kw = cache_kwarg(model)
     kwargs = {cache_kw: past_key_values}
     if logits_to_keep is not None:
         kwargs["logits_to_keep"] = logits_to_keep
@@ -131,7 +131,7 @@ def target_forward(
 _CACHE_KWARGS: dict[type, str] = {}
 
 
-def _cache_kwarg(model) -> str:
+def cache_kwarg(model) -> str:
     """Name of the KV-cache argument and output field: ``cache`` (transformers >= 5.x; the older
     ``past_key_values`` is deprecated there and goes in 5.40) or ``past_key_values`` (4.x)."""
     cls = type(model)

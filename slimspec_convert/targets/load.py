@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,58 @@ def load_tokenizer(target: str | Path):
     if _is_local(target):
         check_target_folder(p, need_weights=False)
     return _hf_load(target, "tokenizer", AutoTokenizer.from_pretrained, str(target))
+
+
+@dataclass(frozen=True)
+class PromptMode:
+    """How string prompts and training records are rendered for a target: its chat template or raw text.
+
+    Attributes:
+        chat: True = the tokenizer's chat template; False = completion (raw text after ``<bos>``).
+        forced: True when ``--chat``/``--no-chat`` chose it, False when the tokenizer did.
+    """
+
+    chat: bool
+    forced: bool
+
+    def summary(self) -> str:
+        """One line for stderr: the mode and why."""
+        if self.chat:
+            why = "--chat" if self.forced else "the target's tokenizer has a chat template"
+            return f"prompts: chat template ({why}; --no-chat gives raw completion prompts)"
+        why = "--no-chat" if self.forced else "the target's tokenizer has no chat template"
+        return f"prompts: completion, raw text after <bos> ({why}; --chat forces the template)"
+
+
+def resolve_chat(tokenizer, chat: bool | None = None) -> PromptMode:
+    """The one decision between chat prompts and completion prompts for a target.
+
+    Args:
+        tokenizer: the target's HF tokenizer (None: prompts are token ids; completion).
+        chat: True/False forces a mode (``--chat``/``--no-chat``); None follows the tokenizer:
+            chat when it has a ``chat_template``, completion (base models such as Gemma 3 270M) when not.
+
+    Returns:
+        :class:`PromptMode`.
+
+    Raises:
+        ValueError: ``chat=True`` with a tokenizer that has no chat template.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat is None:
+        return PromptMode(chat=has_template, forced=False)
+    if chat and not has_template:
+        raise ValueError(
+            "--chat: the target's tokenizer has no chat template (a base model); drop --chat to use "
+            "completion prompts"
+        )
+    return PromptMode(chat=bool(chat), forced=True)
+
+
+def bos_text(tokenizer) -> str:
+    """The ``<bos>`` text the tokenizer puts before raw text on its own (empty when it adds none), so
+    ``tokenizer(bos_text(tok) + text, add_special_tokens=False)`` encodes as ``tokenizer(text)``."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None or tokenizer("a")["input_ids"][:1] != [bos_id]:
+        return ""
+    return tokenizer.bos_token

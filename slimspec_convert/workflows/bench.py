@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from slimspec_convert.atomic import atomic_write_bytes, atomic_write_json
 from slimspec_convert.checkpoint.folders import read_config
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
+from slimspec_convert.decoding.config import AUTO_DRAFT
 from slimspec_convert.decoding.prompts import load_prompts
+from slimspec_convert.measure.draft_shape import HELDOUT_PROMPTS
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
+from slimspec_convert.measure.provenance import provenance
 from slimspec_convert.measure.tables import e2e_markdown
-from slimspec_convert.targets.load import load_target
+from slimspec_convert.targets.load import load_target, resolve_chat
 
 E2E_JSON, E2E_MD, E2E_PNG = "e2e.json", "e2e.md", "e2e_speedup.png"
 
@@ -105,8 +109,12 @@ def bench_e2e(
     out: str | Path,
     cfg: BenchE2EConfig,
     progress: Callable[[str], None] | None = None,
+    command: str | None = None,
 ) -> E2EResult:
     """``slimspec bench e2e``: load the target and drafters, run, write JSON + markdown + PNG.
+
+    The JSON carries a ``provenance`` block (:func:`~slimspec_convert.measure.provenance.provenance`:
+    date, ``command``, versions, host), which ``scripts/make_docs.py`` cites.
 
     Raises:
         FileExistsError: outputs exist and ``cfg.force`` is off.
@@ -119,6 +127,10 @@ def bench_e2e(
         raise FileExistsError(f"{out}: holds e2e results; pass --force to overwrite")
     prompts = [turns[0] for turns in load_prompts(prompts_path)][: cfg.max_prompts]
     model, tokenizer = load_target(target, cfg.dtype, cfg.device)
+    mode = resolve_chat(tokenizer, cfg.chat)
+    if progress is not None:
+        progress(mode.summary())
+    cfg = replace(cfg, chat=mode.chat)
     drafters = {
         n: load_drafter_with_target_embeddings(p, model).to(device=model.device, dtype=model.dtype).eval()
         for n, p in cfg.drafters
@@ -129,5 +141,9 @@ def bench_e2e(
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)
+    calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(HELDOUT_PROMPTS))
+    where = f"the first {len(prompts)} of {prompts_path}; draft shapes planned on {calibration}"
+    made = provenance(command or "(library call)", str(target), where)
+    result = replace(result, provenance=made)
     write_e2e(result, out, force=cfg.force)
     return result

@@ -1,7 +1,7 @@
 """Calibration statistics for ``slimspec convert --calibration-data``: the second moment of the
 drafter's lm_head input on real text, as seen during drafting (every TTT step).
 
-:func:`~slimspec_convert.factorize.calibrated_factorize` uses it to pick the rank-r head that
+:func:`~slimspec_convert.lowrank.calibrated.calibrated_factorize` uses it to pick the rank-r head that
 minimises the expected logit error rather than the weight error.
 """
 
@@ -25,7 +25,7 @@ from slimspec_convert.model.vocab import draft_to_target_ids
 from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
 from slimspec_convert.targets.load import load_target
 
-# slimspec convert --calibration-data (finetune/calibrate.py)
+# slimspec convert --calibration-data: conversations sampled from the files
 DEFAULT_CALIBRATION_SAMPLES = 64
 
 
@@ -85,7 +85,7 @@ def head_input_moment(
 ) -> HeadCalibration:
     """``E[h h^T]`` of the normed drafter hidden state ``h`` (the lm_head input) on real data.
 
-    The drafter is unrolled exactly as in training-time test (:func:`~finetune.ttt.ttt_unroll`):
+    The drafter is unrolled exactly as in training-time test (:func:`~slimspec_convert.model.ttt.ttt_unroll`):
     step s sees its own step s-1 outputs, so the moment covers the states met deeper in a
     draft too. Only supervised positions (assistant tokens whose prediction target exists) count.
 
@@ -100,7 +100,8 @@ def head_input_moment(
         source: description for the report.
 
     Returns:
-        :class:`~slimspec_convert.factorize.HeadCalibration` with a [d, d] float64 moment (on the CPU).
+        :class:`~slimspec_convert.lowrank.calibrated.HeadCalibration` with a [d, d] float64 moment (on
+        the CPU).
 
     Raises:
         ValueError: no example, or no supervised position in them.
@@ -167,7 +168,7 @@ def calibrate_from_files(
         new_tokens: answer length cap with ``source="target"``.
 
     Returns:
-        :class:`~slimspec_convert.factorize.HeadCalibration`.
+        :class:`~slimspec_convert.lowrank.calibrated.HeadCalibration`.
 
     Raises:
         FileNotFoundError, ValueError: missing files, bad data or drafter (messages name the file).

@@ -1,7 +1,7 @@
 """Python API of ``slimspec inspect`` / ``slimspec convert``: load any EAGLE-3 drafter, factorise its head.
 
-``load_drafter`` builds an :class:`~slimspec_convert.drafter.Eagle3Drafter` from any layout in
-:mod:`slimspec_convert.dialects`; ``convert`` replaces the dense ``lm_head`` ``W [V_d, d]`` by
+``load_drafter`` builds an :class:`~slimspec_convert.model.drafter.Eagle3Drafter` from any layout in
+:mod:`slimspec_convert.checkpoint.dialects`; ``convert`` replaces the dense ``lm_head`` ``W [V_d, d]`` by
 ``W_up [V_d, r] @ W_down [r, d]`` (truncated SVD, SlimSpec arXiv 2605.10453 section 3; factor
 names as lightseekorg/TorchSpec PR #185) and writes an HF-style folder the API loads back.
 """
@@ -287,7 +287,7 @@ def convert(
     renamed into place at the end, so a failure leaves OUT untouched.
 
     The SVD reads the head straight from the memory-mapped file in row blocks; the dense
-    ``W_up @ W_down`` is never formed (see :func:`~slimspec_convert.factorize.lowrank_factorize`).
+    ``W_up @ W_down`` is never formed (see :func:`~slimspec_convert.lowrank.svd.lowrank_factorize`).
 
     ``full_vocab`` (needs ``target``): a trimmed head [V_d, d] becomes a full [V_t, d] head before
     the factorisation: row ``i + d2t[i]`` is the drafter's row i, every other row is the target's
@@ -302,13 +302,14 @@ def convert(
     Args:
         src: source drafter folder (any supported layout).
         out: destination folder; must not exist unless ``cfg.force``.
-        cfg: :class:`~slimspec_convert.config.ConvertConfig` (rank rule, target, dtype, SVD method).
+        cfg: :class:`ConvertConfig` (rank rule, target, dtype, SVD method).
         calibration: the lm_head input's second moment on real data
             (:func:`slimspec_convert.workflows.calibrate.calibrate_from_files`). When this is None
             and ``cfg.target`` is set with ``cfg.calibrate`` (the default), it is computed here, on
             ``cfg.device``, from ``cfg.calibration_data`` or the built-in training slice. With it,
             the factors minimise the expected logit error instead of the weight error
-            (:func:`~slimspec_convert.factorize.calibrated_factorize`, damping ``cfg.calibration_damp``);
+            (:func:`~slimspec_convert.lowrank.calibrated.calibrated_factorize`, damping
+            ``cfg.calibration_damp``);
             the rank rule still reads the plain spectrum of W. Without it the report carries a
             warning (``report.warnings``) that the plain SVD needs calibration or a fine-tune.
 

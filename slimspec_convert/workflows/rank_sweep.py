@@ -10,8 +10,8 @@ factors of rank r are the leading r directions of one factorisation), and we mea
   Leviathan et al. 2023, Theorem 3.5), plus top-1 agreement (greedy acceptance);
 * head latency (batch 1, interleaved with the full head, same run).
 
-Acceptance alpha becomes tau with the chain model (:func:`~slimspec_convert.costmodel.expected_tau`),
-and the rank with the best predicted ``rho_TPS`` is recommended (:mod:`slimspec_convert.costmodel`).
+Acceptance alpha becomes tau with the chain model (:func:`~slimspec_convert.lowrank.costmodel.expected_tau`),
+and the rank with the best predicted ``rho_TPS`` is recommended (:mod:`slimspec_convert.lowrank.costmodel`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class RankSweepConfig:
     device: str = "auto"
     warmup: int = DEFAULT_BENCH_WARMUP
     repeats: int = DEFAULT_BENCH_REPEATS
-    finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.loop.Trainer)
+    finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.train.trainer)
     finetune_data: tuple[str, ...] = ()
     force: bool = False
 
@@ -264,7 +264,8 @@ def finetune_heads(
     out_dir: Path,
     pad_id: int,
 ) -> dict[str, nn.Module]:
-    """Short KL fine-tune of each SVD head on the drafter body (``finetune.loop.Trainer``, train='head').
+    """Short KL fine-tune of each SVD head on the drafter body (``finetune.train.trainer.Trainer``,
+    train='head').
 
     Each run writes its folder ``out_dir / finetune_r{r}`` (the trainer's best-by-held-out drafter,
     state and logs); the returned head is the one after the last step, so the sweep's acceptance is
@@ -274,7 +275,7 @@ def finetune_heads(
         drafter: the full-head drafter (its body is copied, frozen).
         target_model: HF causal LM (the teacher).
         heads: ``str(r)`` -> SVD-initialised :class:`LowRankHead`.
-        train_examples: ``finetune.data.Example`` list (never the held-out data).
+        train_examples: ``slimspec_convert.data.examples.Example`` list (never the held-out data).
         eval_examples: held-out examples for the trainer's own evaluation.
         steps: optimizer steps per rank.
         out_dir: parent folder of the per-rank runs.
@@ -341,7 +342,8 @@ def load_eval_batches(
     """Held-out examples and their batches (assistant tokens supervised; prompt-only records skipped).
 
     Returns:
-        (``finetune.data.Example`` list, right-padded batches of ``cfg.batch_size`` from ``collate``).
+        (``slimspec_convert.data.examples.Example`` list, right-padded batches of ``cfg.batch_size``
+        from ``collate``).
 
     Raises:
         FileNotFoundError: a missing file.

@@ -2,12 +2,13 @@
 
 Count target-token frequencies on a calibration file, keep the N most frequent target ids, build
 ``d2t`` (offsets) / ``t2d`` (bool mask) in the EAGLE-3 layout, and slice the drafter's lm_head rows.
-A token outside the kept set can never be drafted (PAPER.md, "Vocabulary trimming ... caps acceptance").
+A token outside the kept set can never be drafted (the paper, arXiv 2605.10453: "Vocabulary trimming
+... caps acceptance").
 
 Counting follows the training-data convention: where a record has responses, only the assistant
 tokens of the chat-template rendering count (the tokens a drafter must predict); prompt-only records
 (bare strings, MT-Bench ``turns``) count every token of their text. Record formats are those of
-``finetune.data``.
+``slimspec_convert.data``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def count_calibration_tokens(
     """Count target-token frequencies of calibration files.
 
     Args:
-        paths: JSONL/JSON files in any format ``finetune.data`` reads.
+        paths: JSONL/JSON files in any format ``slimspec_convert.data`` reads.
         tokenizer: the target's tokenizer (fast, with a chat template for conversations).
         vocab_size: V_t; every token id must be below it.
         max_length: tokens kept per conversation (longer ones are truncated).
@@ -129,7 +130,7 @@ def trim_drafter(drafter: Eagle3Drafter, counts: Tensor, draft_vocab_size: int) 
     """A copy of ``drafter`` whose head keeps only the ``draft_vocab_size`` most frequent target ids.
 
     Ties go to the lower target id; unseen ids fill up in ascending order
-    (:func:`~slimspec_convert.vocab.trimmed_vocab_from_counts`). A drafter that is already trimmed
+    (:func:`~slimspec_convert.model.vocab.trimmed_vocab_from_counts`). A drafter that is already trimmed
     can be trimmed further (only ids it covers can be kept); a low-rank head keeps ``W_down`` and
     slices ``W_up``. Row i of the new head is the old head's row for target id ``i + d2t[i]``.
 
@@ -225,7 +226,7 @@ def trim_checkpoint(src: str | Path, out: str | Path, cfg: TrimConfig) -> TrimRe
         src: SlimSpec-native drafter folder.
         out: output folder, built beside and put in place when complete (refused if it exists and is
             not empty, unless ``cfg.force``; an existing OUT is replaced only at the end).
-        cfg: :class:`~slimspec_convert.config.TrimConfig`.
+        cfg: :class:`~slimspec_convert.workflows.trim.TrimConfig`.
 
     Returns:
         :class:`TrimReport`.

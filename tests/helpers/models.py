@@ -36,6 +36,37 @@ def tiny_target(seed: int = 0, vocab_size: int = 128, hidden_size: int = 32, num
     return model
 
 
+def tiny_gemma3_target(seed: int = 0, vocab_size: int = 128, sliding_window: int = 6):
+    """A random 6-layer Gemma 3 text target (d=32, 4 query heads and 1 KV head of 8, tied head,
+    layers 0-4 sliding with ``sliding_window``, layer 5 full), float32, eval mode."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=sliding_window,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    model = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # Gemma's norms are (1 + w) with w = 0 at init: make them visible
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
 def tiny_drafter_config(**overrides) -> DrafterConfig:
     """Drafter config matching :func:`tiny_target` (d=32, V=128, 3 aux states of width 32)."""
     base = dict(

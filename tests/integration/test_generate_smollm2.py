@@ -157,6 +157,8 @@ def test_cli_generate_json_drafter_equals_plain(smollm2, smollm2_path, tmp_path)
             "--all-turns",
             "--drafter",
             str(tmp_path / "drafter"),
+            "--draft",
+            "tree",  # sampled: a tree by hand (the default, auto, plans for greedy decoding)
             "--depth",
             "2",
             "--top-k",

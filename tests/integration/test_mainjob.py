@@ -79,6 +79,7 @@ def main_job(smollm2_path, tmp_path_factory):
                 ("slimspec-rerank", str(tmp_path / "ft")),
             ),
             rerank=(("slimspec-rerank", 64),),
+            draft_method="tree",  # the pinned figures below were measured with the tree (no plan)
             max_new_tokens=24,
             reference="full",
             warmup_tokens=0,

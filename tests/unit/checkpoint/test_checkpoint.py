@@ -1,6 +1,6 @@
 """Universal loader: every published layout of the same weights gives identical logits; bad files are refused.
 
-Layouts are written by tests/eagle3_layouts.py with the upstream key names and config fields;
+Layouts are written by tests/helpers/eagle3_layouts.py with the upstream key names and config fields;
 the reference is the in-memory drafter itself (an independent path: no file involved).
 """
 

@@ -27,9 +27,9 @@ from slimspec_convert.workflows.trim import TrimConfig
 OWNERS = {
     ("convert",): ([ConvertConfig], {}),
     ("inspect",): ([ConvertConfig], {}),
-    ("generate",): (
-        [GenerateConfig, SamplingConfig, DraftConfig],
-        {"limit": "max_prompts", "draft": "method"},
+    ("generate",): (  # later owners win: GenerateConfig.lookup (None = planned) over DraftConfig.lookup
+        [SamplingConfig, DraftConfig, GenerateConfig],
+        {"limit": "max_prompts", "draft": "draft_method"},
     ),
     ("finetune",): ([FinetuneConfig], {}),
     ("train-drafter",): ([FinetuneConfig.for_new_drafter], {}),
@@ -177,8 +177,8 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
 
     seen = {}
 
-    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks, lookup=None):
-        seen["generate"], seen["lookup"] = gcfg, lookup
+    def fake_generate(target, drafter, prompt, prompts, gcfg, dcfg, scfg, *hooks, on_mode=None):
+        seen["generate"], seen["lookup"] = gcfg, dcfg
         return []
 
     def fake_convert(src, out, cfg):
@@ -191,17 +191,25 @@ def test_generate_and_convert_pass_device_dtype_and_calibration_to_the_config(mo
     args = ["generate", "--target", "t", "--drafter", "none", "--prompt", "hi", "--device", "cuda:1"]
     assert runner.invoke(app, [*args, "--dtype", "fp16", "--json", "--lookup", "3"]).exit_code == 0
     assert (seen["generate"].device, seen["generate"].dtype) == ("cuda:1", "fp16")
+    assert (seen["generate"].draft_method, seen["generate"].lookup) == ("auto", 3)  # 3 by hand: not planned
     assert (seen["lookup"].lookup, seen["lookup"].lookup_min_ngram, seen["lookup"].lookup_max_ngram) == (
         3,
         2,
         3,
     )
     args = ["convert", "src", str(tmp_path / "o"), "--target", "t", "--no-calibration", "--device", "cpu"]
-    res = runner.invoke(app, [*args, "--calibration-dtype", "bf16"])
+    # --threads pins the thread count: the default's notice depends on the machine's load at the time
+    res = runner.invoke(app, [*args, "--calibration-dtype", "bf16", "--threads", "1"])
     assert res.exit_code == 0, res.output
     cfg = seen["convert"]
     assert (cfg.calibrate, cfg.device, cfg.calibration_dtype, cfg.target) == (False, "cpu", "bf16", "t")
     assert res.stderr == "warning: check the head\n"  # the report's warnings go to stderr, one line each
+    shape = runner.invoke(
+        app, ["generate", "--target", "t", "--drafter", "d", "--prompt", "x", "--depth", "3"]
+    )
+    assert shape.exit_code == 2 and "--depth sets a shape by hand: give --draft chain or --draft tree" in (
+        shape.output
+    )
     bad = runner.invoke(
         app, ["generate", "--target", "t", "--drafter", "none", "--prompt", "x", "--device", "gpu"]
     )

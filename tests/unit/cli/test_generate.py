@@ -56,3 +56,27 @@ def test_generate_stream_prints_the_text_then_the_stats(tmp_path):
         pieces.append,
     )
     assert "".join(pieces) == res.text == text and len(pieces) >= 3
+
+
+def test_a_target_without_a_chat_template_gets_completion_prompts(tmp_path):
+    """The tokenizer decides the mode (stderr names it); the prompt is encoded as raw text (this
+    tokenizer adds no <s>): the first new token is the plain target's greedy token after those ids."""
+    target = tiny_target(seed=2)
+    folder = save_tiny_target(target, tmp_path / "target")
+    tok = tiny_tokenizer()
+    tok.chat_template = None
+    tok.save_pretrained(folder)
+    prompt = "How many clips did Natalia sell?"
+    args = ["generate", "--target", str(folder), "--drafter", "none", "--prompt", prompt]
+    args += ["--max-new-tokens", "4", "--threads", "1", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "prompts: completion, raw text after <bos> (the target's tokenizer has no chat" in res.stderr
+    (got,) = json.loads(res.stdout)
+    ids = tok(prompt)["input_ids"]
+    assert tok.convert_tokens_to_ids("<|im_start|>") not in ids and len(ids) >= 6  # no template tokens
+    with torch.no_grad():
+        first = int(target(torch.tensor([ids])).logits[0, -1].argmax())
+    assert got["output_ids"][0] == first
+    forced = CliRunner().invoke(app, [*args, "--chat"])
+    assert forced.exit_code == 2 and "--chat: the target's tokenizer has no chat template" in forced.output

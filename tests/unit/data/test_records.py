@@ -1,4 +1,4 @@
-"""finetune/data.py: formats, assistant-only masks, bad data, deterministic batches."""
+"""slimspec_convert/data/records.py and examples.py: formats, assistant-only masks, bad data, batches."""
 
 import json
 
@@ -17,7 +17,8 @@ def tok():
 
 def test_every_shipped_training_file_parses():
     stats = DataStats()
-    files = sorted(p for p in (DATA / "train").rglob("*.json*") if "distilled" not in p.parts)
+    generated = {"distilled", "gemma3"}  # targets' answers, made here
+    files = sorted(p for p in (DATA / "train").rglob("*.json*") if not generated & set(p.parts))
     convs = read_conversations(files, stats)
     assert len(files) == 10
     # 7473 GSM8K + 4535 + 1923 GPTeacher + 626 OASST paths + 250 prompts + 252 + instances of 175 seed tasks
@@ -135,3 +136,24 @@ def test_collate_right_pads(tok):
     assert batch["attention_mask"][0].tolist() == [1] * n + [0] * (batch["input_ids"].shape[1] - n)
     assert not batch["loss_mask"][0, n:].any()
     assert torch.equal(batch["input_ids"][0, :n], a.input_ids)
+
+
+def test_completion_records_are_raw_text_with_the_completion_supervised():
+    from slimspec_convert.data.examples import encode_conversation
+    from tests.helpers.wordlevel import word_tokenizer
+
+    tok = word_tokenizer(["a", "b", "c", "d"], 16)  # ids: a 6, b 7, c 8, d 9; chat template present
+    (conv,) = record_to_conversations({"prefix": "a b", "completion": "c c d"}, "x:1")
+    assert conv == [{"role": "prefix", "content": "a b"}, {"role": "completion", "content": "c c d"}]
+    ids, mask, truncated = encode_conversation(tok, conv, 64)  # raw even though a template exists
+    assert ids.tolist() == [6, 7, 8, 8, 9] and mask.tolist() == [False, False, True, True, True]
+    ids, mask, _ = encode_conversation(tok, conv, 64, max_answer_tokens=2)
+    assert ids.tolist() == [6, 7, 8, 8] and mask.tolist() == [False, False, True, True]
+    # a conversation without the chat template (--no-chat / a base model): turns joined by a blank line
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b d"}]
+    ids, mask, _ = encode_conversation(tok, chat, 64, chat=False)
+    assert ids.tolist() == [6, 7, 9] and mask.tolist() == [False, True, True]
+    ids, _, _ = encode_conversation(tok, chat, 64)  # the template: <|im_start|> user a <|im_end|> ...
+    assert ids.tolist()[:4] == [1, 3, 6, 2]
+    with pytest.raises(DataError, match="'completion' must be a string"):
+        record_to_conversations({"prefix": "a", "completion": 3}, "x:1")

@@ -19,7 +19,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from slimspec_convert.decoding.batch import DecodeHooks
 from slimspec_convert.decoding.config import SamplingConfig
 from slimspec_convert.decoding.generator import SpeculativeGenerator
-from slimspec_convert.decoding.hf_generate import speculative_generate
+from slimspec_convert.workflows.hf_generate import speculative_generate
 from tests.helpers.decoding import CHAIN, EOS, HEADS, TREE, V
 from tests.helpers.models import tiny_char_tokenizer, tiny_drafter, tiny_tokenizer
 
@@ -48,6 +48,9 @@ def left_pad(prompts: list[list[int]], pad: int = 0) -> dict:
 
 
 def spec(model, drafter, **kw):
+    """``speculative_generate`` with the default tree (``DraftConfig()``) unless ``draft`` is given
+    (``draft="auto"``, the callable's default, is tested in tests/unit/workflows/test_hf_generate.py)."""
+    kw.setdefault("draft", "tree")
     return model.generate(custom_generate=speculative_generate, drafter=drafter, **kw)
 
 
@@ -242,7 +245,7 @@ def test_stop_strings_refused_by_transformers_and_honoured_when_they_arrive(targ
     cfg.update(do_sample=False, max_length=ids.shape[1] + 24, pad_token_id=0, eos_token_id=EOS)
     crits = [MaxLengthCriteria(ids.shape[1] + 24), EosTokenCriteria(EOS), StopStringCriteria(tok, [stop])]
     got = speculative_generate(
-        target16, ids, LogitsProcessorList(), StoppingCriteriaList(crits), cfg, drafter=drafter
+        target16, ids, LogitsProcessorList(), StoppingCriteriaList(crits), cfg, drafter=drafter, draft="tree"
     )
     assert torch.equal(got, want)
 

@@ -1,4 +1,4 @@
-"""finetune/loss.py: KL, expected acceptance and top-1 on hand-computed cases."""
+"""finetune/train/loss.py: KL, expected acceptance and top-1 on hand-computed cases."""
 
 import math
 

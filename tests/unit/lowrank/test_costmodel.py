@@ -1,4 +1,4 @@
-"""Cost model arithmetic on hand-computed cases (SlimSpec section 3; PAPER.md's Llama-3.1-8B table)."""
+"""Cost model arithmetic on hand-computed cases (SlimSpec section 3; the paper's Llama-3.1-8B table)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import torch
 from slimspec_convert.decoding.config import DraftConfig
 from slimspec_convert.decoding.lookup import lookup_matches
 from slimspec_convert.measure import draft_shape
+from slimspec_convert.measure import verify_cost as verify_cost_module
 from slimspec_convert.measure.chain_acceptance import (
     chain_acceptance,
     chain_agreement,
@@ -17,13 +18,8 @@ from slimspec_convert.measure.chain_acceptance import (
     onpolicy_eval_from_ids,
     round_starts,
 )
-from slimspec_convert.measure.draft_shape import (
-    VerifyCost,
-    candidate_shapes,
-    plan_draft_shape,
-    predicted_tau,
-    verify_cost,
-)
+from slimspec_convert.measure.draft_shape import candidate_shapes, plan_draft_shape, predicted_tau
+from slimspec_convert.measure.verify_cost import VerifyCost, verify_cost
 from tests.helpers.models import tiny_drafter, tiny_target, tiny_tokenizer
 from tests.unit.measure.test_chain_acceptance import AUX, V, _greedy_rows
 
@@ -69,7 +65,8 @@ def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
 
 
 def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_candidate(tmp_path, monkeypatch):
-    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 0.0)  # quiet: a busy timing is not reused
+    monkeypatch.setattr(verify_cost_module, "read_load_1m", lambda: 0.0)  # quiet: a busy timing is not reused
+    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 0.0)
     target, tok = tiny_target(), tiny_tokenizer()
     drafter = tiny_drafter(seed=1)
     first = verify_cost(target, tmp_path, context=64)
@@ -78,16 +75,16 @@ def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_can
     assert all(ms > 0 for ms in first.ms) and first.key["context"] == 64
     prompts = ["hello there", "two plus two"]
     plan = plan_draft_shape(
-        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path
+        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path, cache=False
     )
 
     def fail(*a, **k):
         raise AssertionError("measured again although cached")
 
-    monkeypatch.setattr(draft_shape, "measure_verify_cost", fail)
+    monkeypatch.setattr(verify_cost_module, "measure_verify_cost", fail)
     assert verify_cost(target, tmp_path, context=64) == first
     again = plan_draft_shape(
-        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path
+        target, tok, drafter, prompts, max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path, cache=False
     )
     assert again.verify == plan.verify and plan.verify.context % 64 == 0
     tps = [c.predicted_tokens_per_s for c in plan.candidates]
@@ -99,7 +96,9 @@ def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_can
     assert best.predicted_tokens_per_s == pytest.approx(best.predicted_tau / round_s)
     with pytest.raises(ValueError, match="other prompts"):
         ev = draft_shape.build_onpolicy_eval(target, tok, prompts, AUX, max_new_tokens=12)
-        plan_draft_shape(target, tok, drafter, prompts[:1], max_new_tokens=12, cache_dir=tmp_path, ev=ev)
+        plan_draft_shape(
+            target, tok, drafter, prompts[:1], max_new_tokens=12, cache_dir=tmp_path, ev=ev, cache=False
+        )
 
 
 def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_path, monkeypatch):
@@ -111,8 +110,15 @@ def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_pat
     target, tok = tiny_target(), tiny_tokenizer()
     drafters = {"a": tiny_drafter(seed=1), "b": tiny_drafter(seed=2)}
     prompts = ["hello there", "two plus two", "a cat sat"]
+    held_out = tmp_path / "held-out.jsonl"
+    held_out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one two", "three four"]))
     cfg = BenchE2EConfig(
-        drafters=(("a", "-"), ("b", "-")), draft_method="auto", max_new_tokens=10, warmup_tokens=0
+        drafters=(("a", "-"), ("b", "-")),
+        draft_method="auto",
+        max_new_tokens=10,
+        warmup_tokens=0,
+        auto_prompts=str(held_out),
+        lookup=0,
     )
     from slimspec_convert.measure import e2e
 
@@ -120,7 +126,7 @@ def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_pat
     real_build = e2e.build_onpolicy_eval
     monkeypatch.setattr(e2e, "build_onpolicy_eval", lambda *a, **k: built.append(a[2]) or real_build(*a, **k))
     res = run_e2e(target, tok, drafters, prompts, cfg)
-    assert built == [prompts]  # the target answers the calibration prompts once for both drafters
+    assert built == [["one two", "three four"]]  # the held-out prompts, answered once for both drafters
     rows = {r.name: r for r in res.rows}
     plans = res.config["auto_plans"]
     assert set(plans) == {"a", "b"} and len(list((tmp_path / "verify_cost").glob("*.json"))) == 1
@@ -131,15 +137,24 @@ def test_bench_e2e_with_auto_shapes_stays_lossless_and_reports_each_plan(tmp_pat
     assert rows["none"].shape is None and rows["none"].predicted_tokens_per_s is None
 
 
-def test_auto_draft_refuses_no_drafter_and_sampling():
+def test_auto_draft_without_a_drafter_is_plain_decoding_and_refuses_a_sampled_lookup():
     from slimspec_convert.decoding.config import SamplingConfig
     from slimspec_convert.workflows.generate import auto_draft
 
     target, tok = tiny_target(), tiny_tokenizer()
-    with pytest.raises(ValueError, match="give --drafter"):
-        auto_draft(target, tok, None, ["hi"], SamplingConfig())
-    with pytest.raises(ValueError, match="plans for greedy decoding"):
-        auto_draft(target, tok, tiny_drafter(), ["hi"], SamplingConfig(temperature=0.7))
+    assert auto_draft(target, tok, None, SamplingConfig()) == DraftConfig()  # nothing to plan
+    assert auto_draft(target, tok, None, SamplingConfig(), lookup=2).lookup == 2  # lookup alone
+    with pytest.raises(ValueError, match="a sampled chain cannot take the lookup branch; give --draft tree"):
+        auto_draft(target, tok, tiny_drafter(), SamplingConfig(temperature=0.7), lookup=3)
+
+
+def test_calibration_prompts_are_spread_over_the_held_out_file():
+    prompts = draft_shape.calibration_prompts()
+    lines = [json.loads(x)["prompt"] for x in draft_shape.HELDOUT_PROMPTS.read_text().splitlines()]
+    assert draft_shape.HELDOUT_PROMPTS.parts[-3:] == ("data", "heldout", "general24.jsonl")
+    assert prompts == [lines[0], lines[8], lines[15], lines[23]]  # round(i * 23 / 3), i = 0..3
+    with pytest.raises(ValueError, match="num=0"):
+        draft_shape.calibration_prompts(num=0)
 
 
 def test_round_starts_are_chain_agreements_columns_and_lookup_matches_reads_the_text():
@@ -171,3 +186,57 @@ def test_the_plan_with_lookup_carries_it_on_every_candidate_and_predicts_no_less
     assert before.keys() == after.keys()
     assert all(after[s] >= before[s] for s in before)
     assert any(after[s] > before[s] for s in before)  # guard: the lookup was right somewhere
+
+
+def test_the_plan_chooses_the_lookup_and_times_its_winner_with_it(tmp_path):
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafter = tiny_drafter(seed=1)
+    prompts = ["a b a b a b", "c d c d c d"]
+    kw = dict(max_new_tokens=16, cost_tokens=6, cache_dir=tmp_path, cache=False)
+    plain = plan_draft_shape(target, tok, drafter, prompts, **kw)
+    grams = DraftConfig(lookup_min_ngram=1)
+    both = plan_draft_shape(target, tok, drafter, prompts, **kw, lookup=grams, lookups=(0, 1, 3))
+    shapes = [c.shape for c in plain.candidates]
+    assert sorted(c.shape for c in both.candidates) == sorted(
+        s + suffix for s in shapes for suffix in ("", "+lookup-1", "+lookup-3")
+    )
+    tau = {c.shape: c.predicted_tau for c in both.candidates}
+    assert all(
+        tau[s] == pytest.approx(c.predicted_tau) for s, c in zip(shapes, plain.candidates, strict=True)
+    )
+    assert all(tau[s + "+lookup-3"] >= tau[s] for s in shapes)
+    assert any(tau[s + "+lookup-3"] > tau[s] for s in shapes)  # guard: the lookup was right somewhere
+    assert both.best.timed and all(c.timed for c in both.candidates if "+lookup" not in c.shape)
+    assert both.draft == DraftConfig(**both.best.draft) and both.draft.lookup_min_ngram == 1
+    tps = [c.predicted_tokens_per_s for c in both.candidates]
+    assert tps == sorted(tps, reverse=True)
+    with pytest.raises(ValueError, match="lookups=\\(-1,\\)"):
+        plan_draft_shape(target, tok, drafter, prompts, **kw, lookups=(-1,))
+
+
+def test_a_plan_is_cached_per_drafter_and_not_reused_from_a_busy_machine(tmp_path, monkeypatch):
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafter = tiny_drafter(seed=1)
+    prompts = ["hello there", "two plus two"]
+    kw = dict(max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path, lookups=(0, 2))
+    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 0.0)  # quiet
+    first = plan_draft_shape(target, tok, drafter, prompts, **kw)
+    assert not first.cached and len(list((tmp_path / "draft_plan").glob("*.json"))) == 1
+
+    def fail():
+        raise AssertionError("the target answered again although the plan was cached")
+
+    again = plan_draft_shape(target, tok, drafter, prompts, **kw, ev=fail)
+    assert again.cached and again.draft == first.draft and again.candidates == first.candidates
+    assert again.planned_seconds == first.seconds and "cached plan" in again.summary()
+    other = tiny_drafter(seed=2)  # other weights: another key
+    assert draft_shape.drafter_fingerprint(other) != draft_shape.drafter_fingerprint(drafter)
+    with pytest.raises(AssertionError, match="answered again"):
+        plan_draft_shape(target, tok, other, prompts, **kw, ev=fail)
+    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 99.0)  # the next plan is made under load
+    busy = plan_draft_shape(
+        target, tok, drafter, prompts, **kw, cache=True, lookup=DraftConfig(lookup_max_ngram=2)
+    )
+    assert not busy.cached
+    with pytest.raises(AssertionError, match="answered again"):  # a busy plan is made again
+        plan_draft_shape(target, tok, drafter, prompts, **kw, lookup=DraftConfig(lookup_max_ngram=2), ev=fail)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -85,11 +86,9 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
         return plot_predicted_vs_measured(*a, **kw)
 
     monkeypatch.setattr(bench_workflow, "plot_predicted_vs_measured", plot)
-    res = CliRunner().invoke(
-        app,
-        args
-        + ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16", "--rerank-context", "32"],
-    )
+    args += ["--drafter", f"lowrr={tmp_path / 'tied-low'}", "--rerank", "lowrr=16", "--rerank-context", "32"]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/slimspec", *args])  # what a shell would pass
+    res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     rows = {r["name"]: r for r in summary["rows"]}
@@ -107,6 +106,10 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     # Greedy speculative decoding is lossless: every drafter reproduces plain decoding token for token.
     assert [rows[n]["lossless"] for n in ("full", "low", "trim", "lowrr")] == [True] * 4
     full_json = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    made = full_json["provenance"]  # what scripts/make_docs.py cites
+    assert made["command"].startswith("slimspec bench e2e --target") and "--draft chain" in made["command"]
+    assert made["target"] == str(target) and made["prompts"].startswith(f"the first 2 of {prompts}")
+    assert made["versions"]["torch"] == torch.__version__ and made["job"] is None
     plain_ids = [p["output_ids"] for p in full_json["per_prompt"]["none"]]
     for name in ("full", "low", "trim", "lowrr"):
         assert [p["output_ids"] for p in full_json["per_prompt"][name]] == plain_ids
@@ -274,3 +277,27 @@ def test_e2e_lookup_grafts_onto_every_drafter_and_adds_a_lookup_row():
         BenchE2EConfig(drafters=(("lookup", "-"),), lookup=3)
     with pytest.raises(ValueError, match="lookup_min_ngram=4"):
         BenchE2EConfig(drafters=(("full", "-"),), lookup=3, lookup_min_ngram=4)
+
+
+def test_e2e_drafter_lookup_sets_one_drafters_lookup_and_the_lookup_row_takes_the_largest():
+    """--drafter-lookup full3=3: the same drafter twice, without and with the lookup, one interleaved run."""
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    base = dict(drafters=(("full", "-"), ("full3", "-")), draft_method="chain", max_new_tokens=16)
+    cfg = BenchE2EConfig(**base, warmup_tokens=0, drafter_lookup=(("full3", 3),))
+    d = tiny_drafter(seed=1)
+    res = run_e2e(tiny_target(), tiny_tokenizer(), {"full": d, "full3": d}, ["a b a b a b", "c d c d"], cfg)
+    rows = {r.name: r for r in res.rows}
+    assert list(rows) == ["none", "lookup", "full", "full3"]
+    assert (rows["full"].shape, rows["full3"].shape, rows["lookup"].shape) == (
+        "chain-5",
+        "chain-5+lookup-3",
+        "lookup-3",
+    )
+    assert all(rows[n].lossless for n in ("lookup", "full", "full3"))
+    assert rows["full"].lookup_tokens == 0 and res.config["drafter_lookup"] == (("full3", 3),)
+    with pytest.raises(ValueError, match="drafter_lookup: 'other' is not one of the drafters"):
+        BenchE2EConfig(**base, drafter_lookup=(("other", 3),))
+    with pytest.raises(ValueError, match=r"BenchE2EConfig.lookup=-1: expected >= 0"):
+        BenchE2EConfig(**base, lookup=-1)

@@ -80,7 +80,7 @@ def test_resolve_ranks_and_ideal_ratio():
         resolve_ranks(["d/8192"], 4096)
     with pytest.raises(ValueError, match="expected an integer or d/N"):
         resolve_ranks(["d8"], 4096)
-    # Llama-3.1-8B at r = d/8: 4096 * 128256 / (512 * 132352) = 7.7524 (PAPER.md: about 7.75).
+    # Llama-3.1-8B at r = d/8: 4096 * 128256 / (512 * 132352) = 7.7524 (the paper: about 7.75).
     assert ideal_speedup(4096, 128256, 512) == pytest.approx(7.752418, abs=1e-6)
 
 

@@ -36,3 +36,17 @@ def test_explicit_dtype_and_default_device(folder):
 def test_cuda_without_a_gpu_is_refused_with_the_fix(folder):
     with pytest.raises(ValueError, match="use --device cpu"):
         load_target(folder, "auto", "cuda")
+
+
+def test_prompt_mode_follows_the_chat_template_unless_forced():
+    from slimspec_convert.targets.load import resolve_chat
+    from tests.helpers.models import tiny_tokenizer
+
+    chat_tok = tiny_tokenizer()
+    base_tok = tiny_tokenizer()
+    base_tok.chat_template = None  # a base model's tokenizer (Gemma 3 270M's GGUF has no template)
+    assert resolve_chat(chat_tok).chat is True and resolve_chat(base_tok).chat is False
+    assert resolve_chat(chat_tok, False).chat is False and resolve_chat(chat_tok, False).forced
+    assert resolve_chat(base_tok).summary().startswith("prompts: completion, raw text after <bos>")
+    with pytest.raises(ValueError, match="--chat: the target's tokenizer has no chat template"):
+        resolve_chat(base_tok, True)
