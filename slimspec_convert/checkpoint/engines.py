@@ -38,7 +38,7 @@ ENGINES = ("slimspec", "transformers", "vllm+plugin", "vllm")
 VLLM_DENSE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
 
 # Dialects whose tensor names vLLM's Eagle3LlamaForCausalLM.load_weights maps (midlayer.*, layers.0.*).
-VLLM_FORMATS = ("slimspec", "specforge", "eagle", "vllm")
+VLLM_FORMATS = ("slimspec", "specforge", "eagle", "vllm", "torchspec")
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _vllm_rules(
         if arch != LOWRANK_ARCHITECTURE:
             why = (
                 f"low-rank head under architectures[0]={arch!r}: vLLM would build a dense head; "
-                "re-save it with `slimspec convert`"
+                "`slimspec fix-vllm SRC OUT` names the plugin's architecture"
             )
             return EngineSupport("vllm+plugin", False, why), EngineSupport("vllm", False, why)
         return (

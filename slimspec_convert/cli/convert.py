@@ -138,14 +138,15 @@ def convert(
 
 @command("fix-vllm")
 def fix_vllm(
-    src: Annotated[Path, typer.Argument(help="full-vocabulary drafter folder with an all-zero d2t")],
+    src: Annotated[Path, typer.Argument(help="drafter folder that vLLM refuses for a format quirk")],
     out: Annotated[Path, typer.Argument(help="output folder (must not exist unless --force)")],
     force: Annotated[bool, typer.Option("--force", help="replace an existing OUT")] = False,
 ) -> None:
-    """Copy a full-vocabulary drafter without its all-zero d2t (and t2d), which stock vLLM refuses.
+    """Copy a drafter so vLLM loads it: drop an all-zero d2t (and t2d) at full vocabulary, and name the
+    plugin's architecture for a low-rank head saved under a dense one.
 
     SpecForge writes an identity d2t even when the draft vocabulary is the target's; vLLM then stops
-    with "no module or parameter named 'draft_id_to_target_id'". Every other tensor is copied byte for
-    byte; config.json and the other files unchanged.
+    with "no module or parameter named 'draft_id_to_target_id'". Every tensor kept is copied byte for
+    byte; the other files unchanged. `slimspec inspect` says whether a folder needs it.
     """
     typer.echo(fix_vllm_folder(src, out, force=force).summary())

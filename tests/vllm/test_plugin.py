@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,8 +45,8 @@ def test_vocab_sharded_up_projection_matches_the_full_head_at_tp2(monkeypatch):
     LogitsProcessor gathers: the logits equal up(down(h)) and the top tokens equal its argmax."""
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
     from vllm.model_executor.layers import logits_processor as lp
-    from vllm.model_executor.layers import vocab_parallel_embedding as vpe
 
     from slimspec_convert.engines.vllm.model import LowRankParallelLMHead
 
@@ -58,11 +59,13 @@ def test_vocab_sharded_up_projection_matches_the_full_head_at_tp2(monkeypatch):
     ranks = []
     with set_current_vllm_config(VllmConfig()):
         for rank in range(tp):
-            monkeypatch.setattr(vpe, "get_tensor_model_parallel_rank", lambda rank=rank: rank)
-            monkeypatch.setattr(vpe, "get_tensor_model_parallel_world_size", lambda: tp)
+            group = SimpleNamespace(rank_in_group=rank, world_size=tp)  # what vLLM's layers ask the TP group
+            monkeypatch.setattr(parallel_state, "get_tp_group", lambda group=group: group)
             head = LowRankParallelLMHead(d, V, r, prefix="lm_head")
             head.down.weight.data.copy_(W_down)
             head.up.weight_loader(head.up.weight, W_up)
+            for module in (head.down, head.up):  # as vLLM's loader does after loading (CPU kernels)
+                module.quant_method.process_weights_after_loading(module)
             ranks.append(head)
         processor = lp.LogitsProcessor(V)
     assert [h_.up.weight.shape[0] for h_ in ranks] == [512, 512]  # pad_vocab_size(1000) = 1024, halved

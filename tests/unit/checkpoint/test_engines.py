@@ -72,7 +72,10 @@ def test_lowrank_head_under_the_dense_architecture_is_refused_for_vllm(tmp_path)
     folder = write_layout(tiny_drafter(head_rank=8), "torchspec", tmp_path / "ts")
     got = _support(folder)
     assert got["slimspec"][0] and not got["vllm+plugin"][0] and not got["vllm"][0]
-    assert got["vllm"][1] == "torchspec layout: not checked here; `slimspec convert` writes one vLLM loads"
+    assert got["vllm"][1] == (
+        "low-rank head under architectures[0]='LlamaForCausalLMEagle3': vLLM would build a dense head; "
+        "`slimspec fix-vllm SRC OUT` names the plugin's architecture"
+    )
 
 
 def test_inspect_prints_one_line_per_engine(tmp_path):

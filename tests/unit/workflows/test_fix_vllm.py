@@ -30,7 +30,7 @@ def test_fix_drops_the_identity_d2t_and_copies_the_rest_byte_for_byte(tmp_path):
     before, after = load_file(src / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert sorted(before.keys() - after.keys()) == ["d2t", "t2d"]  # something changed
     assert all(torch.equal(after[k], before[k]) and after[k].dtype == before[k].dtype for k in after)
-    assert (report.dropped, report.num_tensors) == (("d2t", "t2d"), len(after))
+    assert (report.dropped, report.architecture, report.num_tensors) == (("d2t", "t2d"), None, len(after))
     assert (tmp_path / "out" / "config.json").read_bytes() == (src / "config.json").read_bytes()
     assert (tmp_path / "out" / "README.md").read_text() == "card"
     support = {e.engine: e.loads for e in engine_support(tmp_path / "out", inspect_drafter(tmp_path / "out"))}
@@ -42,7 +42,7 @@ def test_fix_refuses_a_permutation_a_trimmed_vocab_and_a_folder_without_d2t(tmp_
     with pytest.raises(ValueError, match="'d2t' is not all zero at full vocabulary"):
         fix_vllm(perm, tmp_path / "o1")
     trimmed = write_layout(tiny_drafter(draft_vocab_size=64), "specforge", tmp_path / "trim")
-    with pytest.raises(ValueError, match="draft_vocab_size=64 != vocab_size=128: a trimmed vocabulary"):
+    with pytest.raises(ValueError, match="draft_vocab_size=64 != vocab_size=128: a trimmed vocabulary, vLLM"):
         fix_vllm(trimmed, tmp_path / "o2")
     plain = write_layout(tiny_drafter(), "specforge", tmp_path / "plain")
     with pytest.raises(ValueError, match="no 'd2t' in the weight files; nothing to fix for vLLM"):
@@ -55,3 +55,23 @@ def test_cli_fix_vllm_exits_2_with_one_line(tmp_path):
     result = CliRunner().invoke(app, ["fix-vllm", str(plain), str(tmp_path / "o")])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: {plain}: no 'd2t' in the weight files; nothing to fix for vLLM"
+
+
+def test_fix_names_the_plugin_architecture_for_a_misnamed_lowrank_head(tmp_path):
+    """A TorchSpec low-rank folder (LlamaForCausalLMEagle3, lm_head.down/up): config.json gets the
+    plugin's architecture and lm_head_rank; the tensors are copied unchanged; a second run refuses."""
+    import json
+
+    src = write_layout(tiny_drafter(head_rank=8), "torchspec", tmp_path / "ts")
+    report = fix_vllm(src, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["architectures"], config["lm_head_rank"]) == (["SlimSpecLlamaForCausalLMEagle3"], 8)
+    assert (report.dropped, report.architecture) == ((), "SlimSpecLlamaForCausalLMEagle3")
+    before, after = load_file(src / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    support = {e.engine: e.loads for e in engine_support(tmp_path / "out", inspect_drafter(tmp_path / "out"))}
+    assert (support["vllm+plugin"], support["vllm"]) == (True, False)
+    with pytest.raises(
+        ValueError, match="architectures\\[0\\] is already SlimSpecLlamaForCausalLMEagle3; nothing"
+    ):
+        fix_vllm(tmp_path / "out", tmp_path / "again")
