@@ -150,7 +150,19 @@ def e2e_caption(d: dict) -> str:
             else ""
         )
         + f". tau = accepted drafts + 1 bonus token per target verification. kappa (full head time over "
-        f"everything else in a round) = {fmt(kappa)}."
+        f"everything else in a round) = {fmt(kappa)}." + busy_note(d)
+    )
+
+
+def busy_note(d: dict) -> str:
+    """A sentence when the run was timed on a busy machine (the e2e JSON's ``machine.busy``), else ''."""
+    m = d.get("machine", {})
+    if not m.get("busy"):
+        return ""
+    return (
+        f" Timed while other jobs loaded the machine (1-min load average {m['load_1m']:.1f} on"
+        f" {m['cpu_count']} cores): the rows are comparable with each other, absolute tokens/s are"
+        " lower than on a quiet machine."
     )
 
 
