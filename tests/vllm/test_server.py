@@ -96,5 +96,7 @@ def test_server_with_the_converted_drafter_answers_as_plain_decoding(server, smo
     want = tokenizer.decode(plain[1].output_ids[0], skip_special_tokens=True)
     assert text == want
     assert "".join(streamed) == want and len(streamed) > 1  # streamed in pieces
-    assert "SlimSpecEagle3LlamaForCausalLM" in log.read_text()  # the plugin's class served the drafter
+    logged = log.read_text()
+    assert "Resolved architecture: SlimSpecLlamaForCausalLMEagle3" in logged  # the plugin's, in the server
+    assert "Keeping separate lm_head weights from the target model" in logged  # our head, not the target's
     assert proc.poll() is None
