@@ -10,7 +10,9 @@ on the same data: a sweep, a resumed run) computes them once. SpecForge's offlin
   and which shard holds each example (keyed by the SHA-256 of its token ids);
 * ``shard-NNNNN.safetensors``: per example ``{key}.aux`` [T, K*dt] and ``{key}.final`` [T, dt], in
   bfloat16 (half the bytes; the rounding, 2^-9 relative, is below the spread between a float32 and
-  a bfloat16 target).
+  a bfloat16 target), and ``{key}.lse`` [T] float32, the log-normaliser ``logsumexp`` of the target's
+  logits on the stored final states: with it, ``--loss-vocab N`` needs the target's head product on
+  its N rows only (``loss.reference_rows_from_logp``), not on all V (Gemma 3: 262,144) rows.
 
 Every shard is written atomically and the manifest after it, so a killed build keeps what it wrote
 and the next run computes only what is missing.
@@ -21,15 +23,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from finetune.train.loss import reference_rows_from_logp
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.data.distill import target_fingerprint
 from slimspec_convert.data.examples import Example, collate
-from slimspec_convert.targets.forward import TargetOutput, target_forward
+from slimspec_convert.targets.forward import TargetOutput, target_forward, target_logits_at
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,8 @@ class FeatureCache:
         pad_id: padding token id for the build batches.
         batch_tokens: padded tokens per target forward of the build.
         shard_examples: examples per shard file.
+        logits_fn: final hidden states [N, dt] float32 -> the target's logits [N, V] float32, in the
+            products' dtype of training (default :func:`target_logits_at`), for ``{key}.lse``.
 
     Raises:
         ValueError: the folder holds features of another target or other aux layers.
@@ -75,8 +82,10 @@ class FeatureCache:
         pad_id: int,
         batch_tokens: int = 8192,
         shard_examples: int = 256,
+        logits_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.folder = Path(folder)
+        self.logits_fn = logits_fn or (lambda x: target_logits_at(target, x))
         self.target = target
         self.aux_layers = tuple(sorted(aux_layers))
         self.pad_id = pad_id
@@ -104,6 +113,8 @@ class FeatureCache:
                 )
         self._keys: dict[int, str] = {}
         self._open: dict[str, object] = {}
+        self._shard_keys: dict[str, set[str]] = {}
+        self._rows: Tensor | None = None  # the target head's --loss-vocab rows, in the products' dtype
 
     def key(self, example: Example) -> str:
         k = self._keys.get(id(example))
@@ -156,7 +167,9 @@ class FeatureCache:
                     t = e.input_ids.numel()
                     k = self.key(e)
                     tensors[f"{k}.aux"] = out.aux_hidden[r, :t].to(STORED_DTYPE).cpu().contiguous()
-                    tensors[f"{k}.final"] = out.final_hidden[r, :t].to(STORED_DTYPE).cpu().contiguous()
+                    final = out.final_hidden[r, :t].to(STORED_DTYPE)
+                    tensors[f"{k}.final"] = final.cpu().contiguous()
+                    tensors[f"{k}.lse"] = self._lse(final.float()).cpu().contiguous()
                 j += len(part)
                 bar.update(len(part))
             name = f"shard-{n_shard:05d}.safetensors"
@@ -171,26 +184,62 @@ class FeatureCache:
         bar.close()
         return len(todo)
 
+    @torch.no_grad()
+    def loss_vocab_reference(self, out: TargetOutput, where: Tensor, ids: Tensor, dtype: torch.dtype):
+        """The ``--loss-vocab`` reference from the stored log-normaliser: ``logits[:, ids] - lse``, so
+        the target's head product runs on the ``ids`` rows only.
+
+        Args:
+            out: :meth:`target_output` of the batch (``final_lse`` set).
+            where: [B, T] bool positions whose reference is needed.
+            ids: [n] int64 target ids (``Trainer.loss_ids``).
+            dtype: the head products' dtype (the trainer's: bfloat16 on CPUs with bf16 units).
+
+        Returns:
+            ``loss.ReferenceRows`` over the ``ids`` rows.
+        """
+        w = self.target.get_output_embeddings().weight
+        if self._rows is None or self._rows.dtype != dtype or self._rows.shape[0] != ids.numel():
+            self._rows = w.detach().index_select(0, ids).to(dtype)
+        rows = self._rows
+        b, t = where.nonzero(as_tuple=True)
+        logits = target_logits_at(
+            self.target, out.final_hidden[b, t], head=lambda x: F.linear(x.to(dtype), rows)
+        )
+        return reference_rows_from_logp(logits - out.final_lse[b, t, None], where)
+
+    def _lse(self, final: Tensor, chunk: int = 64) -> Tensor:
+        """[T] float32 logsumexp of the target's logits at stored final states [T, dt], ``chunk`` rows
+        at a time (a [T, V] block of 262k-row logits would not fit in cache or, for long T, memory)."""
+        return torch.cat(
+            [self.logits_fn(final[s : s + chunk]).logsumexp(-1) for s in range(0, len(final), chunk)]
+        )
+
     def _tensor(self, name: str, shard: str) -> Tensor:
+        return self._tensor_file(shard).get_tensor(name)
+
+    def _tensor_file(self, shard: str):
         from safetensors import safe_open
 
         f = self._open.get(shard)
         if f is None:
             f = self._open[shard] = safe_open(str(self.folder / shard), framework="pt")
-        return f.get_tensor(name)
+        return f
 
     def target_output(self, examples: list[Example], device: torch.device) -> TargetOutput:
         """The stored features of a batch, right-padded as :func:`collate` pads the tokens.
 
         Returns:
             :class:`TargetOutput` with ``aux_hidden`` [B, T, K*dt] and ``final_hidden`` [B, T, dt]
-            float32 (``logits`` empty).
+            float32 (``logits`` empty), and ``final_lse`` [B, T] float32 when every example has one
+            stored (caches built before it was stored have none).
 
         Raises:
             KeyError: an example whose features were never built (naming the folder).
         """
         T = max(e.input_ids.numel() for e in examples)
         aux, final = None, None
+        lse: Tensor | None = torch.zeros(len(examples), T)
         for r, e in enumerate(examples):
             k = self.key(e)
             shard = self.index.get(k)
@@ -202,4 +251,20 @@ class FeatureCache:
                 final = torch.zeros(len(examples), T, f.shape[-1])
             aux[r, : a.shape[0]] = a.float()
             final[r, : f.shape[0]] = f.float()
-        return TargetOutput(logits=torch.empty(0), aux_hidden=aux.to(device), final_hidden=final.to(device))
+            if lse is not None and f"{k}.lse" in self._keys_of(shard):
+                lse[r, : f.shape[0]] = self._tensor(f"{k}.lse", shard)
+            else:
+                lse = None
+        return TargetOutput(
+            logits=torch.empty(0),
+            aux_hidden=aux.to(device),
+            final_hidden=final.to(device),
+            final_lse=None if lse is None else lse.to(device),
+        )
+
+    def _keys_of(self, shard: str) -> set[str]:
+        keys = self._shard_keys.get(shard)
+        if keys is None:
+            self._tensor_file(shard)
+            keys = self._shard_keys[shard] = set(self._open[shard].keys())
+        return keys

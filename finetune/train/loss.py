@@ -172,6 +172,21 @@ def reference_rows(
     ref_logp = F.log_softmax(ref_logits.float(), dim=-1)
     if draft_target_ids is not None:
         ref_logp = ref_logp.index_select(-1, draft_target_ids)
+    return reference_rows_from_logp(ref_logp, where)
+
+
+def reference_rows_from_logp(ref_logp: Tensor, where: Tensor) -> ReferenceRows:
+    """:class:`ReferenceRows` from reference log-probabilities already normalised over the whole vocabulary.
+
+    With the log-normaliser of every position known (``--feature-cache`` stores the target's), the
+    reference on a subset of rows (``--loss-vocab``) is ``logits[:, ids] - logsumexp(logits)``: the
+    head product runs over the subset only. Equal to :func:`reference_rows` of the full logits with
+    ``draft_target_ids = ids``.
+
+    Args:
+        ref_logp: [M, V_d] log-probabilities at ``where.nonzero()`` (row-major order), float32.
+        where: [B, T] bool.
+    """
     probs = ref_logp.exp()
     row_of = torch.full(where.shape, -1, dtype=torch.int64, device=where.device)
     row_of[where] = torch.arange(probs.shape[0], device=where.device)

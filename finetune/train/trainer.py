@@ -133,11 +133,7 @@ class Trainer:
         self.before: dict[str, Any] = {}
         self.device = next(drafter.parameters()).device
         self.target_head = target_model.get_output_embeddings()
-        self.features = (
-            FeatureCache(cfg.feature_cache, target_model, self.aux_layers, pad_id)
-            if cfg.feature_cache
-            else None
-        )
+        self.features = self._feature_cache()
         target_device = next(target_model.parameters()).device
         if target_device != self.device:
             raise ValueError(
@@ -237,12 +233,20 @@ class Trainer:
         per batch instead of once per step.
         """
         need = shift_left(loss_mask.bool(), 1, False)  # q: token q + 1 supervised
+        if out.final_lse is not None and self.loss_ids is not None and self.cfg.teacher_temperature == 1.0:
+            dtype = torch.bfloat16 if self.bf16_heads else self.target_head.weight.dtype  # stored normaliser:
+            return self.features.loss_vocab_reference(out, need, self.loss_ids, dtype)  # loss rows only
         b, t = need.nonzero(as_tuple=True)
         return reference_rows(
             self._sharpen(self._target_logits(out.final_hidden[b, t])),
             need,
             self.loss_ids if self.loss_ids is not None else self.draft_ids,
         )
+
+    def _feature_cache(self) -> FeatureCache | None:
+        """The ``--feature-cache`` folder's reader and builder (None without one)."""
+        args = (self.cfg.feature_cache, self.target, self.aux_layers, self.pad_id)
+        return FeatureCache(*args, logits_fn=self._target_logits) if self.cfg.feature_cache else None
 
     def _sharpen(self, ref_logits: Tensor) -> Tensor:
         """``--teacher-temperature`` T: the training reference's logits [..., V] divided by T (no copy at
@@ -490,9 +494,7 @@ class Trainer:
         if self.world > 1:
             dist.barrier()
             if self.features is not None and self.rank:  # rank 0 built the shards: read its manifest
-                self.features = FeatureCache(
-                    self.cfg.feature_cache, self.target, self.aux_layers, self.pad_id
-                )
+                self.features = self._feature_cache()
         if resume and self.load_checkpoint():
             logger.info("resumed at step %d", self.step)
         if not self.before:

@@ -31,12 +31,15 @@ class TargetOutput:
         past_key_values: the HF cache after this call (None when not requested).
         final_hidden: [B, T, dt] the last layer's output after the final norm (the lm_head input),
             so logits at selected positions can be computed later with :func:`target_logits_at`.
+        final_lse: [B, T] float32 ``logsumexp`` of the logits at every position, when known (a
+            feature cache stores it), so log-probabilities of a few rows need only those rows' products.
     """
 
     logits: Tensor
     aux_hidden: Tensor
     past_key_values: object | None = None
     final_hidden: Tensor | None = None
+    final_lse: Tensor | None = None
 
 
 def check_aux_layers(boundaries: tuple[int, ...], num_layers: int) -> None:

@@ -43,3 +43,25 @@ def test_a_killed_build_keeps_its_shards_and_another_target_is_refused(tmp_path)
         FeatureCache(tmp_path, other, AUX, pad)
     with pytest.raises(ValueError, match="another target or aux layers"):
         FeatureCache(tmp_path, target, (1, 2, 3), pad)
+
+
+def test_stored_log_normaliser_gives_the_loss_vocab_reference_from_its_rows_alone(tmp_path):
+    """--loss-vocab N with a feature cache: the reference is logits[:, ids] - stored logsumexp, so the
+    target's full head product never runs in a step, and the losses equal a live target's."""
+    kw = dict(steps=3, train="body", bf16_autocast=False, loss_vocab=48)
+    live = _trainer(tmp_path / "live", **kw)
+    cached = _trainer(tmp_path / "cached", feature_cache=str(tmp_path / "f"), **kw)
+    cached.prepare_features()
+    examples = cached._local_examples(0, 0)
+    batch = cached._local_batch(0, 0)
+    out = cached._target(batch, examples)
+    real = batch["attention_mask"].bool()  # padding positions store no normaliser
+    with torch.no_grad():
+        full = cached._target_logits(out.final_hidden[real])  # [M, V], the stored final states
+    assert torch.allclose(out.final_lse[real], full.logsumexp(-1), atol=1e-5)
+    calls = []
+    cached._target_logits = lambda x: calls.append(x) or torch.zeros(0)  # the full product must not run
+    a = [live.train_step()[0] for _ in range(3)]
+    b = [cached.train_step()[0] for _ in range(3)]
+    assert calls == [] and b == pytest.approx(a, rel=2e-2)  # bf16 storage of the features
+    assert b != a  # guard: the cached path really ran
