@@ -49,8 +49,8 @@ def test_stored_log_normaliser_gives_the_loss_vocab_reference_from_its_rows_alon
     """--loss-vocab N with a feature cache: the reference is logits[:, ids] - stored logsumexp, so the
     target's full head product never runs in a step, and the losses equal a live target's."""
     kw = dict(steps=3, train="body", bf16_autocast=False, loss_vocab=48)
-    live = _trainer(tmp_path / "live", **kw)
-    cached = _trainer(tmp_path / "cached", feature_cache=str(tmp_path / "f"), **kw)
+    live = make_trainer(tmp_path / "live", **kw)
+    cached = make_trainer(tmp_path / "cached", feature_cache=str(tmp_path / "f"), **kw)
     cached.prepare_features()
     examples = cached._local_examples(0, 0)
     batch = cached._local_batch(0, 0)
