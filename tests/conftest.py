@@ -10,12 +10,16 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _threads(request):
-    """One thread for tiny models (more only thrash a busy 2-core machine), two for the real target."""
+def _threads(request, monkeypatch):
+    """One thread for tiny models (more only thrash a busy 2-core machine), two for the real target.
+
+    ``$OMP_NUM_THREADS`` is set to the same number, so a command run in the test asks for it: the
+    default's load-dependent notice (``threads: 1 of 2 cores ...``) never lands in an output a test
+    reads. Tests of the default itself delete it (tests/unit/measure/test_machine.py)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(
-        min(2, os.cpu_count() or 1) if request.node.get_closest_marker("integration") else 1
-    )
+    n = min(2, os.cpu_count() or 1) if request.node.get_closest_marker("integration") else 1
+    torch.set_num_threads(n)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(n))
     yield
     torch.set_num_threads(before)
 

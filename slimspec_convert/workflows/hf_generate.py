@@ -28,6 +28,7 @@ from slimspec_convert.decoding.hf_generate import (
 )
 from slimspec_convert.measure.draft_shape import AUTO_LOOKUPS, calibration_prompts, plan_draft_shape
 from slimspec_convert.model.drafter import Eagle3Drafter
+from slimspec_convert.targets.load import resolve_chat
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,12 @@ def planned_draft(model, drafter: Eagle3Drafter | None, sampled: bool = False) -
                 "or 'chain'"
             ) from e
         lookups = (0,) if sampled else AUTO_LOOKUPS
-        plan = plan_draft_shape(model, tokenizer, drafter, calibration_prompts(), lookups=lookups)
-        logger.info("speculative_generate: %s", plan.summary())
+        chat = resolve_chat(tokenizer, None).chat  # as `slimspec generate` renders them: one cached plan
+        logger.warning(
+            "speculative_generate: draft='auto' plans the draft on held-out prompts (once per machine, "
+            "target and drafter, a minute or two on 2 CPU cores; draft=DraftConfig(...) skips it)"
+        )
+        plan = plan_draft_shape(model, tokenizer, drafter, calibration_prompts(), lookups=lookups, chat=chat)
+        logger.warning("speculative_generate: %s", plan.summary())
         memo[key] = plan.draft
     return memo[key]

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from slimspec_convert.decoding.config import DraftConfig
 from slimspec_convert.measure import draft_shape
 from slimspec_convert.measure.draft_shape import AUTO_LOOKUPS, calibration_prompts, plan_draft_shape
+from slimspec_convert.targets.load import resolve_chat
 from slimspec_convert.workflows import hf_generate
 from slimspec_convert.workflows.hf_generate import speculative_generate
 from tests.helpers.eagle3_layouts import save_tiny_target
@@ -34,7 +35,8 @@ def test_auto_is_the_default_plans_once_and_stays_lossless(tmp_path, monkeypatch
     again = model.generate(input_ids=ids, custom_generate=speculative_generate, drafter=drafter, **greedy)
     assert torch.equal(got, model.generate(input_ids=ids, **greedy)) and torch.equal(again, got)
     assert len(plans) == 1 and plans[0]["lookups"] == AUTO_LOOKUPS  # planned once, lookup included
-    want = plan_draft_shape(model, tok, drafter, calibration_prompts(), lookups=AUTO_LOOKUPS)
+    chat = resolve_chat(tok).chat  # the prompt mode `slimspec generate` resolves for this target
+    want = plan_draft_shape(model, tok, drafter, calibration_prompts(), lookups=AUTO_LOOKUPS, chat=chat)
     assert want.cached and hf_generate.planned_draft(model, drafter) == want.draft  # the CLI's plan
 
 
