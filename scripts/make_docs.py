@@ -265,8 +265,29 @@ def card_eval_block() -> str:
     return "\n".join(kind_table(full))
 
 
+def vllm_bench_block() -> str:
+    """docs/serving.md: the `slimspec bench vllm` table, with where and how it was measured."""
+    sys.path.insert(0, str(ROOT))
+    from slimspec_convert.engines.vllm.bench import table  # no vLLM import: formatting only
+
+    d = load("vllm/bench_vllm.json")
+    m = d["machine"]
+    return "\n".join(
+        [
+            f"Measured {m['date']} on {m['processor']} ({m['cpu_count']} cores; 1-min load average "
+            f"{m['load_1m_start']:.2f} at the start, {m['load_1m_end']:.2f} at the end), torch {m['torch']}, "
+            f"vLLM {m['vllm']}, from `results/vllm/bench_vllm.json`:",
+            "",
+            f"`{m['command']}`",
+            "",
+            table(d).rstrip("\n"),
+        ]
+    )
+
+
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
     ROOT / "README.md": {"headline": headline_block},
+    ROOT / "docs" / "serving.md": {"vllm-bench": vllm_bench_block},
     ROOT / "drafters" / "smollm2-135m-eagle3" / "README.md": {"eval": card_eval_block},
 }
 PAGES: dict[Path, Callable[[], str]] = {ROOT / "docs" / "results.md": results_page}

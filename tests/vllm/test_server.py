@@ -28,6 +28,14 @@ pytestmark = [
 ]
 
 
+def _die_with_parent() -> None:
+    """In the server's process before exec: SIGTERM it when the test process dies (Linux prctl), so
+    a killed test run (a timeout) leaves no server behind."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,7 +62,9 @@ def server(smollm2_path, demo_lowrank, tmp_path_factory):
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while True:
