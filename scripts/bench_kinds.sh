@@ -25,7 +25,7 @@ MAX_PROMPTS=${MAX_PROMPTS:-10}
 OUT=${OUT:-results/smollm2/kinds}
 WORK=${WORK:-runs/kinds}
 TARGET=${TARGET:-$(slimspec fetch-smollm2)}
-export SLIMSPEC_JOB="bash scripts/bench_kinds.sh $*"  # the results page cites it beside bench's command
+export SLIMSPEC_JOB="bash scripts/bench_kinds.sh${*:+ $*}"  # the results page cites it beside bench's command
 mkdir -p "$OUT" "$WORK"
 for kind in "${KINDS[@]}"; do
   prompts="data/eval/kinds/$kind.jsonl"

@@ -83,7 +83,7 @@ def provenance_lines(d: dict) -> list[str]:
     )
     command = f"- Command: `{p.get('command', '?')}`."
     if p.get("job"):  # the benchmark was one step of a job: the job reproduces the table
-        command = f"- Command: `{p['job']}` (its benchmark step: `{p.get('command', '?')}`)."
+        command = f"- Command: `{p['job'].strip()}` (its benchmark step: `{p.get('command', '?')}`)."
     lines = [
         f"- Run: {p.get('date', '?')} on {p.get('machine', '?')}{load_line}; {versions}.",
         f"- Target: {p.get('target', '?')}. Prompts: {p.get('prompts', '?')}.",
@@ -203,10 +203,24 @@ def results_page() -> str:
             "",
         ]
         out += kind_table(kinds) + [""]
+        out += [kinds_busy_note(kinds), ""] if kinds_busy_note(kinds) else []
         for kind, d in kinds:
             out += [f"- {kind}: " + provenance_lines(d)[0][2:] + " " + provenance_lines(d)[2][2:]]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def kinds_busy_note(kinds: list[tuple[str, dict]]) -> str:
+    """A sentence when any per-kind run was timed on a busy machine, with the range of its loads, else ''."""
+    loads = [d["machine"]["load_1m"] for _, d in kinds if d.get("machine", {}).get("busy")]
+    if not loads:
+        return ""
+    return (
+        f"Timed while other jobs loaded the machine (1-min load average {min(loads):.1f}-{max(loads):.1f} on"
+        f" {kinds[0][1]['machine']['cpu_count']} cores): rows of one kind ran interleaved and compare with"
+        " each other; absolute tokens/s are lower than on a quiet machine, and `--draft auto` re-planned for"
+        " each kind (a plan made on a busy machine is not reused), so its shape varies with the noise."
+    )
 
 
 def kind_results() -> list[tuple[str, dict]]:
@@ -262,7 +276,16 @@ def card_eval_block() -> str:
         rows = [r for r in d["rows"] if r.get("name") == "full"]
         return "\n".join([e2e_caption(d), "", *e2e_table({**d, "rows": rows}, compact=True)])
     full = [(k, {**d, "rows": [r for r in d["rows"] if r.get("kind") == "full"]}) for k, d in kinds]
-    return "\n".join(kind_table(full))
+    cfg = kinds[0][1]["config"]
+    run_on = cfg.get("run_on", {})
+    caption = (
+        f"Greedy, batch {cfg['batch_size']}, held-out prompts of each kind (`data/eval/kinds/`), up to"
+        f" {cfg['max_new_tokens']} new tokens, {run_on.get('device', cfg['device'])}"
+        f" {run_on.get('dtype', cfg['dtype'])}, speedup against plain"
+        " decoding in the same run; the settings and commands are on the results page."
+    )
+    note = kinds_busy_note(kinds)
+    return "\n".join([caption + (" " + note if note else ""), "", *kind_table(full)])
 
 
 def vllm_bench_block() -> str:
