@@ -202,9 +202,10 @@ def open_piece(out: Path, piece_records: int) -> tuple[Path, int]:
 def write_heldout(path: Path, per_kind: int, seed: int) -> None:
     items = plan("heldout", seed)
     chosen = {k: [x for x in items if x["kind"] == k][:per_kind] for k in KINDS}
-    with open(path, "w", encoding="utf-8") as f:
-        for k in KINDS:
-            for x in chosen[k]:
+    with open(path, "w", encoding="utf-8") as f:  # kinds interleaved: the first N prompts cover all four
+        for i in range(per_kind):
+            for k in KINDS:
+                x = chosen[k][i]
                 rec = {"prompt": x["prefix"], "kind": k, "source": x["source"], "index": x["index"]}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     print(f"wrote {sum(len(v) for v in chosen.values())} held-out prompts to {path}")
