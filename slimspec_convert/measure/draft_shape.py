@@ -71,7 +71,7 @@ from slimspec_convert.measure.chain_acceptance import (
     round_starts,
     visited_round_starts,
 )
-from slimspec_convert.measure.machine import read_load_1m, timing_machine
+from slimspec_convert.measure.machine import read_competing_load, timing_machine
 from slimspec_convert.measure.verify_cost import (
     VerifyCost,
     read_timing_cache,
@@ -421,7 +421,7 @@ def plan_draft_shape(
             return replace(plan, cached=True, seconds=time.perf_counter() - t0)
         except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable draft plan cache; planning again", path)
-    load_before = read_load_1m()
+    load_before = read_competing_load()
     plan = _plan(
         model, tokenizer, drafter, list(prompts), ks, grams, max_new_tokens, cost_tokens, cache_dir, ev, chat
     )

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from slimspec_convert.atomic import atomic_write_json
-from slimspec_convert.measure.machine import read_load_1m, timing_machine
+from slimspec_convert.measure.machine import read_competing_load, timing_machine
 from slimspec_convert.measure.verify_cost import (
     measure_verify_cost,
     read_timing_cache,
@@ -126,7 +126,7 @@ def choose_linear_product(
                 )
         except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable linear-product cache; timing again", path)
-    load_before = read_load_1m()
+    load_before = read_competing_load()
     torch_ms, transposed_ms = _measure(model)
     product = TRANSPOSED_PRODUCT if sum(transposed_ms) < sum(torch_ms) else TORCH_PRODUCT
     choice = LinearProductChoice(product, "auto", CHOICE_TOKENS, torch_ms, transposed_ms)

@@ -107,6 +107,63 @@ def read_runnable_others(samples: int = 5, interval_s: float = 0.02) -> int | No
     return max(0, int(statistics.median(counts)))
 
 
+def other_cpu_load(
+    busy_ticks: tuple[int, int], own_ticks: tuple[int, int], elapsed_s: float, ticks_per_s: float
+) -> float:
+    """Cores the *other* processes kept busy over a window (pure: the readings are arguments).
+
+    Args:
+        busy_ticks: the machine's busy CPU time (``/proc/stat``: user, nice, system, irq, softirq,
+            steal; all cores summed) at the start and end of the window, in clock ticks.
+        own_ticks: this process's CPU time (``/proc/self/stat``: utime + stime) at the same two
+            moments, in clock ticks.
+        elapsed_s: the window's wall-clock length, seconds (> 0).
+        ticks_per_s: clock ticks per second (``os.sysconf("SC_CLK_TCK")``, usually 100).
+
+    Returns:
+        ``max(0, (busy - own) / (elapsed_s * ticks_per_s))``: 0.0 on an idle machine, 2.0 with two
+        other processes each spinning on a core, whatever this process did in the window.
+    """
+    busy = (busy_ticks[1] - busy_ticks[0]) - (own_ticks[1] - own_ticks[0])
+    return max(0.0, busy / (elapsed_s * ticks_per_s))
+
+
+def _proc_ticks() -> tuple[int, int]:
+    """(machine busy ticks, this process's ticks) from ``/proc/stat`` and ``/proc/self/stat``."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[i] for i in (0, 1, 2, 5, 6, 7) if i < len(fields))  # user nice system irq softirq steal
+    with open("/proc/self/stat", encoding="ascii") as f:
+        own = f.read().rsplit(")", 1)[1].split()  # fields after the command name; utime, stime = 14, 15
+    return busy, int(own[11]) + int(own[12])
+
+
+def read_other_load(window_s: float = 0.3) -> float | None:
+    """The cores other processes keep busy now: :func:`other_cpu_load` over a ``window_s`` window.
+
+    Unlike the 1-min load average, it neither lags (two jobs started 10 s ago count in full) nor
+    remembers work that has ended (a benchmark's own previous step, or the previous command of a
+    script, leaves the average near the cores for a minute after it stopped). None where there is
+    no ``/proc/stat`` (then callers fall back to :func:`read_load_1m`).
+    """
+    try:
+        busy0, own0 = _proc_ticks()
+        t0 = time.perf_counter()
+        time.sleep(window_s)
+        busy1, own1 = _proc_ticks()
+        elapsed = time.perf_counter() - t0
+        return other_cpu_load((busy0, busy1), (own0, own1), elapsed, float(os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def read_competing_load() -> float | None:
+    """The load other work puts on the cores now: :func:`read_other_load`, else the 1-min load
+    average where ``/proc/stat`` is unavailable (None when neither is)."""
+    other = read_other_load()
+    return other if other is not None else read_load_1m()
+
+
 def read_load_1m() -> float | None:
     """The 1-min load average, None where ``os.getloadavg`` is unavailable."""
     try:
@@ -143,6 +200,8 @@ class ThreadChoice:
         load_1m: the 1-min load average read at start (None where unknown).
         asked: True when ``--threads`` (or ``$OMP_NUM_THREADS``) gave the number.
         runnable: other processes runnable at start (:func:`read_runnable_others`; None where unknown).
+        other_load: cores other processes kept busy at start (:func:`read_other_load`; None where
+            unknown or not read).
     """
 
     threads: int
@@ -150,6 +209,7 @@ class ThreadChoice:
     load_1m: float | None
     asked: bool
     runnable: int | None = None
+    other_load: float | None = None
 
     @property
     def reduced(self) -> bool:
@@ -160,8 +220,9 @@ class ThreadChoice:
         """One line: the choice and the reading behind it."""
         load = "unknown" if self.load_1m is None else f"{self.load_1m:.2f}"
         now = "" if self.runnable is None else f", {self.runnable} other processes runnable"
+        busy = "" if self.other_load is None else f"other processes busy on {self.other_load:.1f} cores, "
         return (
-            f"threads: {self.threads} of {self.cores} cores (1-min load average {load}{now} at start: "
+            f"threads: {self.threads} of {self.cores} cores ({busy}1-min load average {load}{now} at start: "
             "other work holds the rest; pass --threads N to choose)"
         )
 
@@ -188,7 +249,10 @@ def default_threads(load_1m: float | None, cores: int) -> int:
 
 def choose_threads(asked: int | None) -> ThreadChoice:
     """``--threads``: the number asked, else ``$OMP_NUM_THREADS`` when set (torch's own rule), else
-    :func:`default_threads` of the larger of the 1-min load average and the processes runnable now.
+    :func:`default_threads` of the larger of the cores other processes keep busy now
+    (:func:`read_other_load`; the 1-min load average where it cannot be read) and the processes
+    runnable now. The 1-min average is only printed: it remembers work that has ended (the previous
+    command of a script) and would take a core from a command that has both.
 
     Raises:
         ValueError: ``asked < 1``, or ``$OMP_NUM_THREADS`` not a positive integer.
@@ -203,8 +267,10 @@ def choose_threads(asked: int | None) -> ThreadChoice:
         if asked < 1:
             raise ValueError(f"--threads={asked}: expected >= 1")
         return ThreadChoice(asked, cores, load, True, runnable)
-    busy = max(x for x in (load, runnable, 0.0) if x is not None)  # the lagging average or now
-    return ThreadChoice(default_threads(busy, cores), cores, load, False, runnable)
+    other = read_other_load()
+    now = other if other is not None else load
+    busy = max(x for x in (now, runnable, 0.0) if x is not None)
+    return ThreadChoice(default_threads(busy, cores), cores, load, False, runnable, other)
 
 
 def timing_machine(load_before: float | None, threads: int) -> MachineState:
@@ -215,16 +281,18 @@ def timing_machine(load_before: float | None, threads: int) -> MachineState:
     cores by more than half a core (2 cores, 2 threads: quiet up to a load of 0.5; 1 thread: 1.5).
 
     Args:
-        load_before: the 1-min load average read just before timing (None: unknown, counted quiet).
+        load_before: the cores other processes kept busy just before timing
+            (:func:`read_competing_load`; None: unknown, counted quiet).
         threads: torch threads the timing ran with (``torch.get_num_threads()``).
 
     Returns:
-        :class:`MachineState` (``timing_spread`` None).
+        :class:`MachineState` (``timing_spread`` None; its ``load_1m`` field holds ``load_before``).
     """
     cores = usable_cores()
     busy = load_before is not None and load_before + threads > cores + 0.5
     reason = (
-        f"1-min load average {load_before:.2f} before timing + {threads} threads > {cores} cores + 0.5"
+        f"other processes busy on {load_before:.2f} cores before timing + {threads} threads"
+        f" > {cores} cores + 0.5"
         if busy
         else None
     )

@@ -22,7 +22,7 @@ import torch
 
 from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.devices import clock_ms
-from slimspec_convert.measure.machine import read_load_1m, timing_machine
+from slimspec_convert.measure.machine import read_competing_load, timing_machine
 from slimspec_convert.targets.cache import keep_cache_slots, new_target_cache
 from slimspec_convert.targets.forward import cache_kwarg
 from slimspec_convert.targets.linear_product import linear_product
@@ -179,7 +179,7 @@ def verify_cost(
             return VerifyCost(tuple(raw["tokens"]), tuple(raw["ms"]), int(raw["context"]), raw["key"])
         except (KeyError, TypeError, ValueError):
             logger.warning("%s: unreadable verification-cost cache; measuring again", path)
-    load_before = read_load_1m()
+    load_before = read_competing_load()
     vc = measure_verify_cost(model, context=context)
     atomic_write_json(
         path, {**vc.to_dict(), "machine": timing_machine(load_before, torch.get_num_threads()).to_dict()}

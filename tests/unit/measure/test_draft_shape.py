@@ -65,8 +65,8 @@ def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
 
 
 def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_candidate(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify_cost_module, "read_load_1m", lambda: 0.0)  # quiet: a busy timing is not reused
-    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 0.0)
+    monkeypatch.setattr(verify_cost_module, "read_competing_load", lambda: 0.0)  # quiet: a busy timing is not reused
+    monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 0.0)
     target, tok = tiny_target(), tiny_tokenizer()
     drafter = tiny_drafter(seed=1)
     first = verify_cost(target, tmp_path, context=64)
@@ -230,7 +230,7 @@ def test_a_plan_is_cached_per_drafter_and_not_reused_from_a_busy_machine(tmp_pat
     drafter = tiny_drafter(seed=1)
     prompts = ["hello there", "two plus two"]
     kw = dict(max_new_tokens=12, cost_tokens=6, cache_dir=tmp_path, lookups=(0, 2))
-    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 0.0)  # quiet
+    monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 0.0)  # quiet
     first = plan_draft_shape(target, tok, drafter, prompts, **kw)
     assert not first.cached and len(list((tmp_path / "draft_plan").glob("*.json"))) == 1
 
@@ -244,7 +244,7 @@ def test_a_plan_is_cached_per_drafter_and_not_reused_from_a_busy_machine(tmp_pat
     assert draft_shape.drafter_fingerprint(other) != draft_shape.drafter_fingerprint(drafter)
     with pytest.raises(AssertionError, match="answered again"):
         plan_draft_shape(target, tok, other, prompts, **kw, ev=fail)
-    monkeypatch.setattr(draft_shape, "read_load_1m", lambda: 99.0)  # the next plan is made under load
+    monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 99.0)  # the next plan is made under load
     busy = plan_draft_shape(
         target, tok, drafter, prompts, **kw, cache=True, lookup=DraftConfig(lookup_max_ngram=2)
     )

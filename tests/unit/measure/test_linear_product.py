@@ -24,7 +24,7 @@ from tests.helpers.models import tiny_drafter, tiny_target
 @pytest.fixture(autouse=True)
 def _quiet(monkeypatch):
     """A quiet machine (load 0) unless a test says otherwise: a cache timed under load is not reused."""
-    monkeypatch.setattr(lp, "read_load_1m", lambda: 0.0)
+    monkeypatch.setattr(lp, "read_competing_load", lambda: 0.0)
 
 
 def test_auto_times_both_products_once_caches_the_choice_and_sets_it_on_every_model(tmp_path, monkeypatch):
@@ -92,13 +92,13 @@ def test_a_choice_timed_on_a_busy_machine_is_timed_again(tmp_path, monkeypatch):
         return type("VC", (), {"ms": tuple(2.0 * n for n in tokens)})()
 
     monkeypatch.setattr(lp, "measure_verify_cost", fake_cost)
-    monkeypatch.setattr(lp, "read_load_1m", lambda: 7.5)  # two busy jobs and more beside it
+    monkeypatch.setattr(lp, "read_competing_load", lambda: 7.5)  # two busy jobs and more beside it
     busy = choose_linear_product(target, tmp_path)
     (path,) = tmp_path.glob("*.json")
     machine = json.loads(path.read_text())["machine"]
-    assert machine["busy"] and machine["load_1m"] == 7.5 and "7.50 before timing" in machine["reason"]
+    assert machine["busy"] and machine["load_1m"] == 7.5 and "7.50 cores before timing" in machine["reason"]
     assert not busy.cached and len(calls) == 2
-    monkeypatch.setattr(lp, "read_load_1m", lambda: 0.1)  # quiet now: the busy timing is redone
+    monkeypatch.setattr(lp, "read_competing_load", lambda: 0.1)  # quiet now: the busy timing is redone
     again = choose_linear_product(target, tmp_path)
     assert not again.cached and len(calls) == 4
     assert json.loads(path.read_text())["machine"]["busy"] is False

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +18,7 @@ from slimspec_convert.measure.machine import (
     assess_machine,
     choose_threads,
     default_threads,
+    other_cpu_load,
     timing_machine,
     timing_spread,
 )
@@ -86,15 +91,21 @@ def test_default_threads_leave_the_cores_others_use(load, cores, threads):
 
 def test_choose_threads_asked_env_and_default(monkeypatch):
     monkeypatch.setattr(machine, "read_load_1m", lambda: 3.1)
+    monkeypatch.setattr(machine, "read_other_load", lambda: 1.2)
     monkeypatch.setattr(machine, "read_runnable_others", lambda: 0)
     monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     auto = choose_threads(None)
     assert (auto.threads, auto.reduced) == (1, True)
     assert auto.summary() == (
-        "threads: 1 of 2 cores (1-min load average 3.10, 0 other processes runnable at start: other work "
-        "holds the rest; pass --threads N to choose)"
+        "threads: 1 of 2 cores (other processes busy on 1.2 cores, 1-min load average 3.10, 0 other "
+        "processes runnable at start: other work holds the rest; pass --threads N to choose)"
     )
+    # the previous command of a script has ended: the 1-min average still holds it, the CPU time does not
+    monkeypatch.setattr(machine, "read_other_load", lambda: 0.05)
+    assert choose_threads(None).threads == 2
+    monkeypatch.setattr(machine, "read_other_load", lambda: None)  # no /proc/stat: the average decides
+    assert choose_threads(None).threads == 1
     monkeypatch.setattr(machine, "read_load_1m", lambda: 0.2)  # two jobs just started: the average lags
     monkeypatch.setattr(machine, "read_runnable_others", lambda: 2)
     assert choose_threads(None).threads == 1
@@ -112,6 +123,7 @@ def test_choose_threads_asked_env_and_default(monkeypatch):
 
 def test_every_command_takes_threads_and_says_what_the_default_chose(monkeypatch):
     monkeypatch.setattr(machine, "read_load_1m", lambda: 9.0)
+    monkeypatch.setattr(machine, "read_other_load", lambda: None)
     monkeypatch.setattr(machine, "read_runnable_others", lambda: 3)
     monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -133,6 +145,36 @@ def test_timing_machine_counts_the_threads_a_timing_used(monkeypatch):
     assert not timing_machine(0.4, 2).busy and timing_machine(0.6, 2).busy
     assert not timing_machine(1.4, 1).busy and timing_machine(1.6, 1).busy
     assert (
-        timing_machine(2.0, 1).reason == "1-min load average 2.00 before timing + 1 threads > 2 cores + 0.5"
+        timing_machine(2.0, 1).reason
+        == "other processes busy on 2.00 cores before timing + 1 threads > 2 cores + 0.5"
     )
     assert not timing_machine(None, 2).busy
+
+
+def test_other_cpu_load_leaves_out_this_process():
+    # 0.5 s at 100 ticks/s on 2 cores: 100 ticks of capacity; the machine was busy 90 ticks, 40 of them ours
+    assert other_cpu_load((1000, 1090), (200, 240), 0.5, 100.0) == pytest.approx(1.0)
+    assert other_cpu_load((1000, 1040), (200, 240), 0.5, 100.0) == 0.0  # only this process ran
+    assert other_cpu_load((0, 200), (0, 0), 1.0, 100.0) == pytest.approx(2.0)  # two spinning processes
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_read_other_load_counts_another_process():
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        hz, t0, before = os.sysconf("SC_CLK_TCK"), time.perf_counter(), _cpu_ticks(spin.pid)
+        loaded = machine.read_other_load(0.5)
+        spun = (_cpu_ticks(spin.pid) - before) / ((time.perf_counter() - t0) * hz)
+    finally:
+        spin.kill()
+        spin.wait()
+    # whatever else the machine runs, the other process's share of a core is in the reading
+    assert loaded is not None and loaded >= spun - 0.2, (loaded, spun)
