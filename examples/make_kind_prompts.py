@@ -16,21 +16,36 @@ picked by a fixed rule, so the files are rebuilt byte for byte:
 
 Each line: ``{"prompt", "kind", "source", "line"}`` (the source file and its 1-based line).
 
-Usage: python examples/make_kind_prompts.py   (writes data/eval/kinds/<kind>.jsonl; deterministic)
+``--completion`` writes the *completion* prompts of a base-model target (Gemma 3 270M has no chat
+template: it continues raw text) to ``data/eval/kinds-completion/``, one file per kind the Gemma 3
+drafter's training data has (prose, code, math, translation), in the same text forms as that data
+(``examples/gemma_completions.py``), drawn from evaluation files only:
+
+* prose: the first third (cut at a word end) of the reference answers of EAGLE's Alpaca set, 1-10;
+* code: HumanEval prompts 1-10 as they are (a signature and docstring to continue);
+* math: ``"Question: {q}\nAnswer:"`` for GSM8K test questions 1-10;
+* translation: ``"English: {first sentence}\n{language}:"`` for GSM8K test questions 11-20, the
+  language cycling through French, German, Spanish, Italian and Portuguese.
+
+Usage: python examples/make_kind_prompts.py [--completion]   (writes data/eval/kinds[-completion]/<kind>.jsonl;
+deterministic)
 """
 
 import gzip
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EVAL = ROOT / "data" / "eval"
 OUT = EVAL / "kinds"
+OUT_COMPLETION = EVAL / "kinds-completion"
 PER_KIND = 10
 MT_BENCH = "data/eval/mt_bench/question.jsonl"
 GSM8K = "data/eval/gsm8k/test.jsonl"
 HUMANEVAL = "data/eval/humaneval/HumanEval.jsonl.gz"
+ALPACA = "data/eval/eagle/alpaca/question.jsonl"
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese")
 
 
@@ -91,12 +106,44 @@ def kinds() -> dict[str, list[dict]]:
     return out
 
 
+def first_third(text: str) -> str:
+    """The first third of ``text``, extended to the end of the word it cuts (never ending on a space)."""
+    m = re.compile(r"\s").search(text, len(text) // 3)
+    return text[: m.start() if m else len(text)].rstrip()
+
+
+def completion_kinds() -> dict[str, list[dict]]:
+    """kind -> completion prompt records for a base-model target (the module docstring's rules)."""
+    alpaca = [(n, q) for n, q in enumerate(read_jsonl(ALPACA), 1) if len(q["reference"][0]) >= 300]
+    gsm = list(enumerate(read_jsonl(GSM8K), 1))
+    code = list(enumerate(read_jsonl(HUMANEVAL), 1))
+    out = {
+        "prose": [record(first_third(q["reference"][0]), "prose", ALPACA, n) for n, q in alpaca[:PER_KIND]],
+        "code": [record(t["prompt"], "code", HUMANEVAL, n) for n, t in code[:PER_KIND]],
+        "math": [record(f"Question: {q['question']}\nAnswer:", "math", GSM8K, n) for n, q in gsm[:PER_KIND]],
+        "translation": [
+            record(
+                f"English: {first_sentence(q['question'])}\n{LANGUAGES[i % len(LANGUAGES)]}:",
+                "translation",
+                GSM8K,
+                n,
+            )
+            for i, (n, q) in enumerate(gsm[PER_KIND : 2 * PER_KIND])
+        ],
+    }
+    for kind, rows in out.items():
+        assert len(rows) == PER_KIND, (kind, len(rows))
+    return out
+
+
 def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for kind, rows in kinds().items():
+    completion = "--completion" in sys.argv[1:]
+    out_dir, table = (OUT_COMPLETION, completion_kinds()) if completion else (OUT, kinds())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for kind, rows in table.items():
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        (OUT / f"{kind}.jsonl").write_text(text, encoding="utf-8")
-        print(f"{OUT.relative_to(ROOT) / kind}.jsonl: {len(rows)} prompts")
+        (out_dir / f"{kind}.jsonl").write_text(text, encoding="utf-8")
+        print(f"{out_dir.relative_to(ROOT) / kind}.jsonl: {len(rows)} prompts")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,21 @@ def load_prompts(path: str | Path, all_turns: bool = False) -> list[tuple[str, .
     return out
 
 
+def prompt_kinds(path: str | Path) -> list[str | None]:
+    """The ``kind`` field of each line of a prompt file (writing, code, ...; None where a line has
+    none), in the order :func:`load_prompts` returns the prompts.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`load_prompts`.
+    """
+    load_prompts(path)  # the same checks, the same errors
+    out = []
+    for _, line in jsonl_lines(read_text(Path(path))):
+        kind = json.loads(line).get("kind")
+        out.append(kind if isinstance(kind, str) else None)
+    return out
+
+
 def chat_template_id(tokenizer) -> str | None:
     """Short id of the tokenizer's chat template: ``sha256:<first 12 hex>``, None without one."""
     template = getattr(tokenizer, "chat_template", None)

@@ -91,6 +91,9 @@ RETIME_CANDIDATES = 4  # best predictions timed again with their own lookup on, 
 PLAN_FORMAT = 3  # part of the plan cache key: bump when the planning changes
 # The default calibration prompts: held-out *training* prompts (data/README.md), never evaluation ones.
 HELDOUT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "heldout" / "general24.jsonl"
+# ... and for a target driven with completion prompts (a base model, no chat template): text to continue,
+# four kinds interleaved (prose, code, math, translation), from the training files' held-out split.
+HELDOUT_COMPLETION_PROMPTS = HELDOUT_PROMPTS.parent / "gemma3-completions.jsonl"
 CHAIN_DEPTHS = (1, 2, 3, 4, 5)
 TREE_SHAPES = ((3, 2, 6), (3, 3, 9), (4, 2, 8), (4, 3, 12), (4, 4, 16), (5, 3, 15), (5, 4, 20), (6, 4, 24))
 
@@ -271,13 +274,18 @@ def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
     return out
 
 
-def calibration_prompts(path: str | Path | None = None, num: int = AUTO_CALIBRATION_PROMPTS) -> list[str]:
+def calibration_prompts(
+    path: str | Path | None = None, num: int = AUTO_CALIBRATION_PROMPTS, chat: bool = True
+) -> list[str]:
     """The calibration prompts of ``--draft auto``: ``num`` first turns spread evenly over a prompt file.
 
     Args:
-        path: JSONL prompts (:func:`~slimspec_convert.decoding.prompts.load_prompts`); None: the held-out
-            training prompts :data:`HELDOUT_PROMPTS` (never evaluation prompts: data/README.md).
+        path: JSONL prompts (:func:`~slimspec_convert.decoding.prompts.load_prompts`); None: held-out
+            training prompts (never evaluation prompts: data/README.md), :data:`HELDOUT_PROMPTS` for a
+            chat target, :data:`HELDOUT_COMPLETION_PROMPTS` for one driven with completion prompts.
         num: how many; the first and the last prompt of the file are always among them.
+        chat: the target's prompt mode (:func:`~slimspec_convert.targets.load.resolve_chat`); picks the
+            default file.
 
     Returns:
         Up to ``num`` prompts, in file order.
@@ -288,14 +296,15 @@ def calibration_prompts(path: str | Path | None = None, num: int = AUTO_CALIBRAT
     """
     if num < 1:
         raise ValueError(f"calibration prompts: num={num}, expected >= 1")
-    if path is None and not HELDOUT_PROMPTS.is_file():
+    default = HELDOUT_PROMPTS if chat else HELDOUT_COMPLETION_PROMPTS
+    if path is None and not default.is_file():
         raise FileNotFoundError(
-            f"--draft auto: the held-out calibration prompts {HELDOUT_PROMPTS} are missing (they ship with "
+            f"--draft auto: the held-out calibration prompts {default} are missing (they ship with "
             "the git checkout, not with a wheel); pass --auto-prompts FILE.jsonl or a shape (--draft chain)"
         )
-    prompts = [t[0] for t in load_prompts(HELDOUT_PROMPTS if path is None else path)]
+    prompts = [t[0] for t in load_prompts(default if path is None else path)]
     if not prompts:
-        raise ValueError(f"{path or HELDOUT_PROMPTS}: no prompt to calibrate --draft auto on")
+        raise ValueError(f"{path or default}: no prompt to calibrate --draft auto on")
     if len(prompts) <= num:
         return prompts
     picks = sorted({round(i * (len(prompts) - 1) / (num - 1)) for i in range(num)}) if num > 1 else [0]

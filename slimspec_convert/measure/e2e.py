@@ -46,6 +46,7 @@ from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT, LowRankHead
 from slimspec_convert.targets.forward import resolve_aux_layers
 from slimspec_convert.targets.linear_product import check_linear_product
+from slimspec_convert.targets.load import resolve_chat
 from slimspec_convert.version import __version__
 
 DEFAULT_E2E_MAX_NEW_TOKENS = 64
@@ -225,6 +226,7 @@ class E2EResult:
     machine: MachineState | None = None  # the larger 1-min load of the readings before and after
     linear_product: dict | None = None  # LinearProductChoice.to_dict() of the run
     provenance: dict | None = None  # measure.provenance.provenance(): date, command, versions, host
+    by_kind: dict[str, list[dict]] | None = None  # kind of prompt -> per-configuration rows (by_kind())
 
     def to_dict(self) -> dict:
         """JSON-ready dict with the package version."""
@@ -266,6 +268,7 @@ def run_e2e(
     prompts: Sequence[str],
     cfg: BenchE2EConfig,
     progress: Callable[[str], None] | None = None,
+    kinds: Sequence[str | None] | None = None,
 ) -> E2EResult:
     """Decode ``prompts`` with plain decoding and every drafter, interleaved per batch; compare.
 
@@ -279,10 +282,13 @@ def run_e2e(
             target and every drafter first, :func:`.linear_product.apply_linear_product`), repeats
             (the fastest of that many interleaved runs per batch and configuration is kept).
         progress: called with a short line per batch.
+        kinds: the kind of each prompt (writing, code, ...; the prompt file's ``kind`` field, None
+            where it has none): the result then also reports each kind apart (:func:`by_kind`).
 
     Returns:
         :class:`E2EResult` (plain decoding first), with the machine's state (busy when the 1-min
-        load average before or after the run exceeds the core count) and the linear product used.
+        load average before or after the run exceeds the core count), the linear product used and,
+        with ``kinds``, the rows of each kind.
 
     Raises:
         ValueError: a drafter that does not fit the target, or no prompts.
@@ -350,7 +356,59 @@ def run_e2e(
     run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
     machine = machine_state(load_1m=max(loads) if loads else None)
     result = _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans, unstable)
-    return replace(result, linear_product=linear.to_dict())
+    kinds_table = by_kind(result.per_prompt, kinds) if kinds is not None and any(kinds) else None
+    return replace(result, linear_product=linear.to_dict(), by_kind=kinds_table)
+
+
+def by_kind(per_prompt: Mapping[str, list[dict]], kinds: Sequence[str | None]) -> dict[str, list[dict]]:
+    """Each kind of prompt apart: per configuration, tau, tokens/s and speedup over plain decoding
+    on that kind's prompts alone, and whether its outputs equal plain decoding's.
+
+    Args:
+        per_prompt: :attr:`E2EResult.per_prompt` (configuration -> per-prompt ``output_ids`` and
+            :class:`~slimspec_convert.decoding.results.GenerationStats` fields; plain decoding first).
+        kinds: one kind per prompt, in prompt order (None: the prompt belongs to no kind, ``"-"``).
+
+    Returns:
+        kind (in order of first appearance) -> one dict per configuration: ``name``, ``prompts``,
+        ``new_tokens``, ``wall_ms`` (sums of the prompts' kept runs, ms), ``tokens_per_s``,
+        ``speedup`` (over plain decoding on the same prompts), ``tau`` (committed tokens per
+        verification round; None without a round), ``lossless`` (None for plain decoding).
+
+    Raises:
+        ValueError: ``kinds`` and the prompts differ in number.
+    """
+    names = list(per_prompt)
+    plain = per_prompt[names[0]]
+    if len(kinds) != len(plain):
+        raise ValueError(f"by_kind: {len(kinds)} kinds for {len(plain)} prompts")
+    order = list(dict.fromkeys(k or "-" for k in kinds))
+    out: dict[str, list[dict]] = {}
+    for kind in order:
+        idx = [i for i, k in enumerate(kinds) if (k or "-") == kind]
+        rows = []
+        for name in names:
+            stats = [per_prompt[name][i] for i in idx]
+            new, wall = sum(s["new_tokens"] for s in stats), sum(s["wall_ms"] for s in stats)
+            committed = sum(sum(s["committed_per_cycle"]) for s in stats)
+            cycles = sum(s["cycles"] for s in stats)
+            same = all(per_prompt[name][i]["output_ids"] == plain[i]["output_ids"] for i in idx)
+            rows.append(
+                dict(
+                    name=name,
+                    prompts=len(idx),
+                    new_tokens=new,
+                    wall_ms=wall,
+                    tokens_per_s=new / (wall / 1e3) if wall > 0 else 0.0,
+                    tau=committed / cycles if cycles else None,
+                    lossless=None if name == names[0] else same,
+                )
+            )
+        base = rows[0]["tokens_per_s"]
+        for r in rows:
+            r["speedup"] = r["tokens_per_s"] / base if base > 0 else None
+        out[kind] = rows
+    return out
 
 
 def plan_shapes(
@@ -369,7 +427,7 @@ def plan_shapes(
     """
     if cfg.draft_method != AUTO_DRAFT:
         return {}
-    calibration = calibration_prompts(cfg.auto_prompts)
+    calibration = calibration_prompts(cfg.auto_prompts, chat=resolve_chat(tokenizer, cfg.chat).chat)
     answered: dict[tuple[int, ...], OnPolicyEval] = {}  # the target answers once per aux layers
 
     def answers(aux: tuple[int, ...]) -> OnPolicyEval:

@@ -54,6 +54,18 @@ def e2e_markdown(result: E2EResult) -> str:
             f"Reference (full head): {result.reference}; kappa = {result.kappa:.4f} "
             f"(head ms / all other ms, whole run); ceiling 1 + kappa = {1 + result.kappa:.4f}.",
         ]
+    if result.by_kind:
+        lines += ["", "Per kind of prompt (tokens/s, speedup vs plain on the same prompts, tau):", ""]
+        for kind, rows in result.by_kind.items():
+            cells = "; ".join(
+                f"{r['name']} {r['tokens_per_s']:.2f} ({r['speedup']:.2f}x"
+                + (f", tau {r['tau']:.2f}" if r["tau"] is not None else "")
+                + (", NOT lossless" if r["lossless"] is False else "")
+                + ")"
+                for r in rows
+            )
+            lines.append(f"- {kind} ({rows[0]['prompts']} prompts): {cells}")
+        lines.append("")
     m = result.machine
     if m is not None:
         lines.append(

@@ -11,8 +11,8 @@ from slimspec_convert.checkpoint.folders import read_config
 from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
 from slimspec_convert.decoding.config import AUTO_DRAFT
-from slimspec_convert.decoding.prompts import load_prompts
-from slimspec_convert.measure.draft_shape import HELDOUT_PROMPTS
+from slimspec_convert.decoding.prompts import load_prompts, prompt_kinds
+from slimspec_convert.measure.draft_shape import HELDOUT_COMPLETION_PROMPTS, HELDOUT_PROMPTS
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
@@ -126,6 +126,7 @@ def bench_e2e(
     if not cfg.force and any((out / n).exists() for n in (E2E_JSON, E2E_MD, E2E_PNG)):
         raise FileExistsError(f"{out}: holds e2e results; pass --force to overwrite")
     prompts = [turns[0] for turns in load_prompts(prompts_path)][: cfg.max_prompts]
+    kinds = prompt_kinds(prompts_path)[: len(prompts)]
     model, tokenizer = load_target(target, cfg.dtype, cfg.device)
     mode = resolve_chat(tokenizer, cfg.chat)
     if progress is not None:
@@ -140,8 +141,9 @@ def bench_e2e(
             drafters[name].enable_rerank(k, cfg.rerank_context)
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
-    result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress)
-    held_out = HELDOUT_PROMPTS.relative_to(HELDOUT_PROMPTS.parents[2])  # data/heldout/general24.jsonl
+    result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress, kinds=kinds)
+    default = HELDOUT_PROMPTS if cfg.chat else HELDOUT_COMPLETION_PROMPTS
+    held_out = default.relative_to(default.parents[2])  # data/heldout/<file>.jsonl
     calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(held_out))
     where = f"the first {len(prompts)} of {prompts_path}; draft shapes planned on {calibration}"
     made = provenance(command or "(library call)", str(target), where)

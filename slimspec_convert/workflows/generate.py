@@ -105,7 +105,13 @@ def auto_draft(
             )
         lookups = (0,)
     plan = plan_draft_shape(
-        model, tokenizer, drafter, calibration_prompts(calibration), lookup=grams, lookups=lookups, chat=chat
+        model,
+        tokenizer,
+        drafter,
+        calibration_prompts(calibration, chat=resolve_chat(tokenizer, chat).chat),
+        lookup=grams,
+        lookups=lookups,
+        chat=chat,
     )
     if on_plan is not None:
         on_plan(plan)

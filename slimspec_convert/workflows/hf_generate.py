@@ -151,7 +151,9 @@ def planned_draft(model, drafter: Eagle3Drafter | None, sampled: bool = False) -
             "speculative_generate: draft='auto' plans the draft on held-out prompts (once per machine, "
             "target and drafter, a minute or two on 2 CPU cores; draft=DraftConfig(...) skips it)"
         )
-        plan = plan_draft_shape(model, tokenizer, drafter, calibration_prompts(), lookups=lookups, chat=chat)
+        plan = plan_draft_shape(
+            model, tokenizer, drafter, calibration_prompts(chat=chat), lookups=lookups, chat=chat
+        )
         logger.warning("speculative_generate: %s", plan.summary())
         memo[key] = plan.draft
     return memo[key]

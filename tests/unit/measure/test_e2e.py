@@ -18,6 +18,7 @@ from slimspec_convert.lowrank.costmodel import predicted_speedup
 from slimspec_convert.lowrank.svd import lowrank_factorize
 from slimspec_convert.measure.e2e import head_kind
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
+from slimspec_convert.measure.tables import e2e_markdown
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.workflows.trim import trim_drafter
 from tests.helpers.models import tiny_drafter, tiny_target
@@ -304,3 +305,65 @@ def test_e2e_drafter_lookup_sets_one_drafters_lookup_and_the_lookup_row_takes_th
         BenchE2EConfig(**base, drafter_lookup=(("other", 3),))
     with pytest.raises(ValueError, match=r"BenchE2EConfig.lookup=-1: expected >= 0"):
         BenchE2EConfig(**base, lookup=-1)
+
+
+def test_by_kind_sums_each_kinds_prompts_and_compares_them_with_plain_decoding():
+    from slimspec_convert.measure.e2e import by_kind
+
+    def stat(out, new, wall, committed):
+        return {
+            "output_ids": out,
+            "new_tokens": new,
+            "wall_ms": wall,
+            "committed_per_cycle": committed,
+            "cycles": len(committed),
+        }
+
+    per_prompt = {
+        "none": [stat([1, 2], 8, 1000.0, []), stat([3], 4, 500.0, []), stat([5], 6, 1000.0, [])],
+        "full": [stat([1, 2], 8, 500.0, [3, 3, 1]), stat([3], 4, 500.0, [2, 1]), stat([6], 6, 250.0, [6])],
+    }
+    table = by_kind(per_prompt, ["code", None, "code"])
+    assert list(table) == ["code", "-"]
+    plain, full = table["code"]
+    assert (plain["prompts"], plain["new_tokens"], plain["wall_ms"]) == (2, 14, 2000.0)
+    assert plain["tokens_per_s"] == pytest.approx(7.0) and plain["speedup"] == pytest.approx(1.0)
+    assert plain["tau"] is None and plain["lossless"] is None
+    assert full["tokens_per_s"] == pytest.approx(14 / 0.75) and full["speedup"] == pytest.approx(
+        14 / 0.75 / 7.0
+    )
+    assert full["tau"] == pytest.approx(13 / 4) and full["lossless"] is False  # prompt 3 differs
+    assert table["-"][1]["lossless"] is True and table["-"][1]["tau"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="by_kind: 2 kinds for 3 prompts"):
+        by_kind(per_prompt, ["code", "math"])
+
+
+def test_e2e_with_kinds_reports_each_kind_and_its_rows_add_up_to_the_run():
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafters = {"full": tiny_drafter(seed=1), "low": _lowrank_copy(tiny_drafter(seed=1), 8)}
+    prompts, kinds = ["hello there", "two plus two", "a cat sat"], ["prose", "math", "prose"]
+    cfg = BenchE2EConfig(drafters=(("full", "-"), ("low", "-")), draft_method="chain", max_new_tokens=8)
+    res = run_e2e(target, tok, drafters, prompts, cfg, kinds=kinds)
+    assert list(res.by_kind) == ["prose", "math"]
+    rows = {r.name: r for r in res.rows}
+    for name, row in rows.items():
+        parts = [next(r for r in res.by_kind[k] if r["name"] == name) for k in res.by_kind]
+        assert [p["prompts"] for p in parts] == [2, 1]
+        assert sum(p["new_tokens"] for p in parts) == row.new_tokens
+        assert all(p["lossless"] is (None if name == "none" else True) for p in parts)
+    assert run_e2e(target, tok, drafters, prompts, cfg).by_kind is None  # no kinds, no table
+    md = e2e_markdown(res)
+    assert "Per kind of prompt" in md and "- prose (2 prompts): none " in md and "- math (1 prompts): " in md
+
+
+def test_prompt_kinds_reads_the_kind_field(tmp_path):
+    from slimspec_convert.decoding.prompts import prompt_kinds
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a", "kind": "code"}\n\n{"turns": ["b"]}\n{"prompt": "c", "kind": 3}\n')
+    assert prompt_kinds(path) == ["code", None, None]
+    with pytest.raises(FileNotFoundError):
+        prompt_kinds(tmp_path / "missing.jsonl")
