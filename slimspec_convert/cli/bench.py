@@ -239,6 +239,10 @@ def bench_e2e_cmd(
             "planned on held-out prompts and cached), tree or chain"
         ),
     ] = default(BenchE2EConfig, "draft_method"),
+    depth: Annotated[
+        int | None,
+        typer.Option(help="--draft chain or tree: draft steps per round (default: 5); auto plans its own"),
+    ] = default(BenchE2EConfig, "depth"),
     auto_prompts: Annotated[
         str | None,
         typer.Option(help="--draft auto: calibration prompts JSONL (default: held-out training prompts)"),
@@ -276,6 +280,13 @@ def bench_e2e_cmd(
         list[str] | None,
         typer.Option(help="NAME=N: that drafter's prompt lookup by hand (repeatable; wins over --lookup)"),
     ] = None,
+    lookup_row: Annotated[
+        int | None,
+        typer.Option(
+            help="add the row 'lookup' (the target with prompt lookup alone, N tokens a round) whether or "
+            "not a drafter uses the lookup (default: only when one does, with the largest lookup)"
+        ),
+    ] = default(BenchE2EConfig, "lookup_row"),
     lookup_min_ngram: Annotated[int, typer.Option(help=LOOKUP_MIN_HELP)] = default(
         BenchE2EConfig, "lookup_min_ngram"
     ),

@@ -80,7 +80,8 @@ class BenchE2EConfig:
     (name, tokens) pairs that set it for one drafter (e.g. the same drafter twice, planned and by
     hand). When any drafter drafts with a lookup, the row ``lookup`` is added: the target with prompt
     lookup alone (the largest lookup of the drafters), so the table shows what a drafter adds beyond
-    copying.
+    copying; ``lookup_row`` N adds it with N tokens whatever the drafters use. ``depth`` sets the
+    draft steps of ``tree`` or ``chain`` (one fixed shape for every drafter: the cost model's premise).
     """
 
     drafters: tuple[tuple[str, str], ...]
@@ -103,6 +104,10 @@ class BenchE2EConfig:
     lookup_min_ngram: int = DraftConfig.lookup_min_ngram
     lookup_max_ngram: int = DraftConfig.lookup_max_ngram
     chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
+    depth: int | None = None  # draft steps per round with draft_method tree or chain (None: DraftConfig's)
+    lookup_row: int | None = (
+        None  # the 'lookup' row with N tokens whatever the drafters use (None: see above)
+    )
 
     def lookup_config(self, draft: DraftConfig | None = None, lookup: int = 0) -> DraftConfig:
         """``draft`` (default: ``DraftConfig()``) with this run's n-gram fields and ``lookup`` tokens."""
@@ -146,6 +151,10 @@ class BenchE2EConfig:
             if not isinstance(k, int) or k < 0:
                 raise ValueError(f"BenchE2EConfig.drafter_lookup: {name}={k!r}, expected an integer >= 0")
         self.lookup_config()  # validates the n-gram fields
+        if self.depth is not None and self.depth < 1:
+            raise ValueError(f"BenchE2EConfig.depth={self.depth}: expected >= 1")
+        if self.lookup_row is not None and self.lookup_row < 0:
+            raise ValueError(f"BenchE2EConfig.lookup_row={self.lookup_row}: expected >= 0")
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"BenchE2EConfig.reference={self.reference!r} is not one of {names}")
         for name, k in self.rerank:
@@ -300,15 +309,16 @@ def run_e2e(
         progress(linear.summary())
     plans = plan_shapes(target_model, tokenizer, drafters, cfg, progress)
     shapes: dict[str, DraftConfig] = {}
+    fixed = {} if cfg.depth is None else {"depth": cfg.depth}
     for name in drafters:
         hand = cfg.hand_lookup(name) or 0
         shapes[name] = (
             plans[name].draft
             if name in plans
-            else cfg.lookup_config(DraftConfig(method=cfg.draft_method), hand)
+            else cfg.lookup_config(DraftConfig(method=cfg.draft_method, **fixed), hand)
         )
     configs: dict[str, Eagle3Drafter | None] = {E2E_PLAIN_NAME: None, **drafters}
-    lookup_row = max((d.lookup for d in shapes.values()), default=0)
+    lookup_row = cfg.lookup_row or max((d.lookup for d in shapes.values()), default=0)
     if lookup_row:
         configs = {E2E_PLAIN_NAME: None, E2E_LOOKUP_NAME: None, **drafters}
         shapes[E2E_LOOKUP_NAME] = cfg.lookup_config(lookup=lookup_row)

@@ -367,3 +367,22 @@ def test_prompt_kinds_reads_the_kind_field(tmp_path):
     assert prompt_kinds(path) == ["code", None, None]
     with pytest.raises(FileNotFoundError):
         prompt_kinds(tmp_path / "missing.jsonl")
+
+
+def test_e2e_depth_fixes_every_drafters_chain_and_lookup_row_adds_prompt_lookup_alone():
+    from slimspec_convert.measure.e2e import BenchE2EConfig, run_e2e
+    from tests.helpers.models import tiny_tokenizer
+
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafters = {"full": tiny_drafter(seed=1), "low": _lowrank_copy(tiny_drafter(seed=1), 8)}
+    cfg = BenchE2EConfig(
+        drafters=(("full", "-"), ("low", "-")), draft_method="chain", depth=2, lookup_row=3, max_new_tokens=8
+    )
+    res = run_e2e(target, tok, drafters, ["hello there", "a cat sat"], cfg)
+    rows = {r.name: r for r in res.rows}
+    assert list(rows) == ["none", "lookup", "full", "low"]
+    assert rows["full"].shape == rows["low"].shape == "chain-2" and rows["lookup"].shape == "lookup-3"
+    assert all(rows[n].lossless for n in ("lookup", "full", "low"))
+    assert rows["low"].predicted_rho_tps is not None  # one shape for all: the cost model applies
+    with pytest.raises(ValueError, match=r"BenchE2EConfig.depth=0: expected >= 1"):
+        BenchE2EConfig(drafters=(("full", "-"),), depth=0)
