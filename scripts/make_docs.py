@@ -38,6 +38,10 @@ SECTIONS: list[tuple[str, str, str]] = [
     ),
 ]
 KIND_ORDER = ["writing", "qa", "math", "translation", "code", "summarisation"]
+# The large-vocabulary job (examples/gemma3_job.sh): its defaults run and its one-shape cost-model run.
+GEMMA_JOB = "gemma3/job.json"
+GEMMA_CHAIN3 = "gemma3/job_chain3.json"
+GEMMA_TITLE = "Gemma 3 270M (V = 262,144): the large-vocabulary job"
 
 
 def load(rel: str) -> dict:
@@ -188,6 +192,37 @@ def results_page() -> str:
         out += provenance_lines(d) + [""]
         out += [e2e_caption(d), ""]
         out += e2e_table(d) + [""]
+    if (RESULTS / GEMMA_JOB).exists():
+        d = load(GEMMA_JOB)
+        out += [
+            f"## {GEMMA_TITLE}",
+            "",
+            "`bash examples/gemma3_job.sh`: the committed Gemma 3 demo drafter (full head, the target's",
+            "tied embedding), its 32k trimmed copy and its SlimSpec conversion (r = d/8 = 80, calibrated,",
+            "a short recovery fine-tune), with and without the shortlist rerank, plain decoding and prompt",
+            "lookup alone, interleaved on held-out evaluation completion prompts of four kinds",
+            "(`data/eval/kinds-completion/`, built by `python examples/make_kind_prompts.py --completion`;",
+            "nothing was tuned on them); every drafter with the defaults a user gets (`--draft auto`,",
+            "planned on held-out training prompts).",
+            "",
+        ]
+        out += provenance_lines(d) + ["", e2e_caption(d), ""]
+        out += e2e_table(d) + [""]
+        if d.get("by_kind"):
+            out += ["Per kind of prompt, speedup over plain decoding on the same prompts (tau):", ""]
+            out += by_kind_table(d) + [""]
+    if (RESULTS / GEMMA_CHAIN3).exists():
+        d = load(GEMMA_CHAIN3)
+        out += [
+            "### The cost model at one draft shape",
+            "",
+            "The same drafters and prompts, every drafter at chain-3 without prompt lookup (the paper's",
+            "premise: one shape for all), so the measured tokens/s ratio over the full head can be held",
+            "against rho_TPS = rho_tau (1 + kappa) / (1 + nu kappa).",
+            "",
+        ]
+        out += provenance_lines(d) + ["", e2e_caption(d), ""]
+        out += cost_model_table(d) + [""]
     kinds = kind_results()
     if kinds:
         out += [
@@ -253,8 +288,95 @@ def kind_table(kinds: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
+def vs_reference(d: dict) -> dict[str, float]:
+    """Each row's tokens/s over the reference (full-head) drafter's, by row name; {} without one."""
+    ref = next((r for r in d["rows"] if r["name"] == d.get("reference")), None)
+    if ref is None:
+        return {}
+    return {r["name"]: r["tokens_per_s"] / ref["tokens_per_s"] for r in d["rows"]}
+
+
+def job_table(d: dict) -> list[str]:
+    """The large-vocabulary job's rows: shape, tau, tokens/s, speedup over plain and over the full head."""
+    lines = [
+        "| drafter head | draft shape (auto) | tau | tokens/s | vs plain | vs full head | lossless |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    over_full = vs_reference(d)
+    for r in d["rows"]:
+        lossless = "-" if r.get("lossless") is None else ("yes" if r["lossless"] else "NO")
+        lines.append(
+            f"| {head_label(r)} | {r.get('shape') or '-'} | {fmt(r['tau'])} | {fmt(r['tokens_per_s'], 2)} "
+            f"| {fmt(r['speedup'], 2)}x | {fmt(over_full.get(r['name']), 2)}x | {lossless} |"
+        )
+    return lines
+
+
+def by_kind_table(d: dict) -> list[str]:
+    """Speedup over plain decoding per kind of prompt (the e2e JSON's ``by_kind``), one column per drafter."""
+    kinds = d.get("by_kind") or {}
+    if not kinds:
+        return []
+    labels = {r["name"]: head_label(r) for r in d["rows"]}
+    names = [r["name"] for r in next(iter(kinds.values()))][1:]  # plain decoding is the 1.00x column
+    lines = [
+        "| kind of prompt | prompts | plain tokens/s | " + " | ".join(labels[n] for n in names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for kind, rows in kinds.items():
+        by = {r["name"]: r for r in rows}
+        cells = [
+            f"{fmt(by[n]['speedup'], 2)}x"
+            + (f" (tau {fmt(by[n]['tau'], 2)})" if by[n].get("tau") is not None else "")
+            + ("" if by[n].get("lossless") is not False else " NOT lossless")
+            for n in names
+        ]
+        lines.append(
+            f"| {kind} | {rows[0]['prompts']} | {fmt(rows[0]['tokens_per_s'], 2)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
+def cost_model_table(d: dict) -> list[str]:
+    """Predicted against measured rho_TPS (over the full head, one draft shape for every drafter)."""
+    lines = [
+        "| drafter head | shape | tau | head ms/round | nu | rho_tau | predicted rho_TPS | measured rho_TPS "
+        "| error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        if r.get("kind") in ("plain", "lookup"):
+            continue
+        pred, meas = r.get("predicted_rho_tps"), r.get("measured_rho_tps")
+        err = "-" if pred is None or meas is None else f"{100 * (pred / meas - 1):+.1f}%"
+        lines.append(
+            f"| {head_label(r)} | {r.get('shape') or '-'} | {fmt(r['tau'])} "
+            f"| {fmt(r.get('head_ms_per_round'), 2)} | {fmt(r.get('nu'))} | {fmt(r.get('rho_tau'))} "
+            f"| {fmt(pred)} | {fmt(meas)} | {err} |"
+        )
+    return lines
+
+
+def gemma_caption(d: dict) -> str:
+    """Where and how the large-vocabulary job was measured, in one paragraph."""
+    p = d["provenance"]
+    return (
+        f"Gemma 3 270M target (base model, V = 262,144, completion prompts), {p['machine']}, {p['date']}, "
+        f"`{p.get('job') or p['command']}`; {p['prompts']}. " + e2e_caption(d)
+    )
+
+
 def headline_block() -> str:
-    """The README's one results table: the main job, compact, with where it was measured."""
+    """The README's one results table: the large-vocabulary job where it has run (else SmolLM2's main
+    job), compact, with where it was measured."""
+    if (RESULTS / GEMMA_JOB).exists():
+        d = load(GEMMA_JOB)
+        lines = [gemma_caption(d), "", *job_table(d)]
+        if d.get("by_kind"):
+            lines += ["", "Per kind of prompt, speedup over plain decoding (tau):", "", *by_kind_table(d)]
+        return "\n".join(lines)
     d = load("smollm2/mainjob.json")
     p = d["provenance"]
     return "\n".join(
