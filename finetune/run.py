@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from finetune.config import FinetuneConfig
 from finetune.onpolicy import chain_scorer, measure_kept, prepare_onpolicy
 from finetune.train.distributed import maybe_init_distributed, world
-from finetune.train.init import new_drafter_for_target
+from finetune.train.init import new_drafter_for_target, standardise_aux_input
 from finetune.train.params import copy_head
 from finetune.train.trainer import (
     REPORT_NAME,
@@ -23,10 +25,10 @@ from finetune.train.trainer import (
 )
 from slimspec_convert.atomic import atomic_write_json, working_folder
 from slimspec_convert.checkpoint.load import load_drafter
-from slimspec_convert.data.examples import load_examples, split_heldout, token_counts
+from slimspec_convert.data.examples import collate, load_examples, split_heldout, token_counts
 from slimspec_convert.data.records import DataStats
 from slimspec_convert.model.config import default_aux_boundaries
-from slimspec_convert.targets.forward import resolve_aux_layers
+from slimspec_convert.targets.forward import resolve_aux_layers, target_forward
 from slimspec_convert.targets.load import load_target, num_target_layers
 from slimspec_convert.version import __version__
 
@@ -97,8 +99,22 @@ def train_drafter(
         runs = _data(model, tok, aux, data, out, cfg, eval_data, self_distill)
         counts = token_counts(runs.train, int(model.config.vocab_size)) if draft_vocab_size else None
         drafter = new_drafter_for_target(model, draft_vocab_size, counts, seed=cfg.seed).to(model.device)
+        if not resume or not (out / "training_state.pt").exists():  # a resumed run loads its own weights
+            standardise_aux_input(drafter, *_aux_sample(model, tok, runs.train, aux))
         meta = _meta("train-drafter", str(target), data, cfg, runs.stats)
         return _run(drafter, model, tok, runs, cfg, out, resume=resume, meta=meta)
+
+
+@torch.no_grad()
+def _aux_sample(model, tok, examples, aux: tuple[int, ...], n: int = 8):
+    """(aux [B, T, K*d], mask [B, T]) of the target on the first ``n`` training examples: what
+    :func:`~finetune.train.init.standardise_aux_input` measures."""
+    batch = collate(list(examples[:n]), tok.pad_token_id if tok.pad_token_id is not None else 0)
+    mask = batch["attention_mask"].bool()
+    out = target_forward(
+        model, batch["input_ids"].to(model.device), aux, attention_mask=mask.long().to(model.device)
+    )
+    return out.aux_hidden.float().cpu(), mask
 
 
 def train_eval(tok, examples, eval_data, cfg):

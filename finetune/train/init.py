@@ -85,6 +85,48 @@ def new_drafter_for_target(
 
 
 @torch.no_grad()
+def standardise_aux_input(drafter: Eagle3Drafter, aux: Tensor, mask: Tensor | None = None) -> Eagle3Drafter:
+    """Scale a new drafter's residual stream to unit size, channel by channel, keeping its logit lens.
+
+    :func:`new_drafter_for_target` starts ``fc`` as ``[0 | 0 | I]``: the residual stream is the target's
+    highest aux state as it is. Targets with massive activations put most of that state's size in a
+    few channels (Gemma 3 270M, layer 15: one channel's mean ``|x|`` near 19,000 against a median
+    channel near 100), so every RMSNorm after ``fc`` squashes the other channels, and the decoder
+    layer's outputs (zero at first, weights of std 0.02) need thousands of optimizer steps to weigh
+    anything beside that stream. Here ``fc``'s block becomes ``diag(1 / sigma)`` (``sigma_c``: the RMS of
+    channel ``c`` over ``aux``), every channel starts near unit size, and the final norm's gain is
+    multiplied by ``sigma`` (times the mean ratio of the two streams' RMS), so the untrained drafter's
+    logits are still the logit lens of that aux state, each token's scaled by a positive factor (the
+    same argmax).
+
+    Args:
+        drafter: a drafter from :func:`new_drafter_for_target` (``fc`` = ``[0 | 0 | I]``), changed in place.
+        aux: [..., K*d] float aux hidden states of the target on training text (the drafter's ``fc`` input).
+        mask: [...] bool, the positions of ``aux`` to use (None: all).
+
+    Returns:
+        ``drafter``.
+
+    Raises:
+        ValueError: ``aux`` not ``K*d`` wide, or no position selected.
+    """
+    d = drafter.config.hidden_size
+    width = drafter.fc.weight.shape[1]
+    if aux.shape[-1] != width:
+        raise ValueError(f"standardise_aux_input: aux is {aux.shape[-1]} wide, fc reads {width}")
+    a = (aux[mask] if mask is not None else aux.reshape(-1, width))[:, width - d :].float()
+    if a.shape[0] == 0:
+        raise ValueError("standardise_aux_input: no position to measure the aux state on")
+    sigma = a.pow(2).mean(0).sqrt().clamp_min(1e-6)  # [d]
+    rms = a.pow(2).mean(-1).sqrt().clamp_min(1e-12)
+    ratio = float(((a / sigma).pow(2).mean(-1).sqrt() / rms).mean())
+    w = drafter.fc.weight
+    w[:, width - d :] = torch.diag(1.0 / sigma).to(w.dtype)
+    drafter.norm.weight.mul_((sigma * ratio).to(drafter.norm.weight.dtype))
+    return drafter
+
+
+@torch.no_grad()
 def norm_scale(norm: nn.Module, d: int) -> Tensor:
     """The per-channel gain an RMSNorm applies, whatever its parametrisation: ``w`` (Llama) or
     ``1 + w`` (Gemma), read off its output on a unit-RMS input.
