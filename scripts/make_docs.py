@@ -42,6 +42,8 @@ KIND_ORDER = ["writing", "qa", "math", "translation", "code", "summarisation"]
 GEMMA_JOB = "gemma3/job.json"
 GEMMA_CHAIN3 = "gemma3/job_chain3.json"
 GEMMA_TITLE = "Gemma 3 270M (V = 262,144): the large-vocabulary job"
+GEMMA_TRAINING = "gemma3/drafter_training.json"  # the demo drafter's train-drafter run
+GEMMA_CARD = ROOT / "drafters" / "gemma3-270m-eagle3" / "README.md"
 
 
 def load(rel: str) -> dict:
@@ -410,6 +412,54 @@ def card_eval_block() -> str:
     return "\n".join([caption + (" " + note if note else ""), "", *kind_table(full)])
 
 
+def gemma_card_eval_block() -> str:
+    """The Gemma 3 drafter's evaluation (its model card): the full head in the job's two runs."""
+    d = load(GEMMA_JOB)
+    lines = [gemma_caption(d), ""]
+    lines += job_table({**d, "rows": [r for r in d["rows"] if r.get("kind") in ("plain", "full")]})
+    if d.get("by_kind"):
+        full = {
+            **d,
+            "by_kind": {
+                k: [r for r in rows if r["name"] in ("none", d["reference"])]
+                for k, rows in d["by_kind"].items()
+            },
+        }
+        lines += ["", "Per kind of prompt, speedup over plain decoding (tau):", "", *by_kind_table(full)]
+    if (RESULTS / GEMMA_CHAIN3).exists():
+        c = load(GEMMA_CHAIN3)
+        r = next(r for r in c["rows"] if r["name"] == c["reference"])
+        lines += [
+            "",
+            "At chain-3 without prompt lookup (the job's cost-model run, same prompts): "
+            f"tau {fmt(r['tau'])}, "
+            f"{fmt(r['tokens_per_s'], 2)} tokens/s, {fmt(r['speedup'], 2)}x plain decoding, "
+            + ("lossless." if r.get("lossless") else "NOT lossless."),
+        ]
+    return "\n".join(lines)
+
+
+def gemma_card_recipe_block() -> str:
+    """The Gemma 3 drafter's training run (its model card): the command and the run's figures."""
+    t = load(GEMMA_TRAINING)
+    return "\n".join(
+        [
+            f"The run ({t['date']}, {t['machine']}; figures from `results/{GEMMA_TRAINING}`):",
+            "",
+            "```bash",
+            t["command"],
+            "```",
+            "",
+            f"{t['steps_run']} optimizer steps of {t['batch_size']} records "
+            f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
+            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training (prefix and completion tokens) "
+            f"({t['threads']} threads); held-out predicted chain-{t['metric_depth']} tau "
+            f"{fmt(t['score_before'])} before training, {fmt(t['score_kept'])} at the kept step "
+            f"{t['kept_step']}.",
+        ]
+    )
+
+
 def vllm_bench_block() -> str:
     """docs/serving.md: the `slimspec bench vllm` table, with where and how it was measured."""
     sys.path.insert(0, str(ROOT))
@@ -435,6 +485,8 @@ BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
     ROOT / "docs" / "serving.md": {"vllm-bench": vllm_bench_block},
     ROOT / "drafters" / "smollm2-135m-eagle3" / "README.md": {"eval": card_eval_block},
 }
+if (RESULTS / GEMMA_JOB).exists() and (RESULTS / GEMMA_TRAINING).exists():
+    BLOCKS[GEMMA_CARD] = {"eval": gemma_card_eval_block, "recipe": gemma_card_recipe_block}
 PAGES: dict[Path, Callable[[], str]] = {ROOT / "docs" / "results.md": results_page}
 
 
