@@ -17,7 +17,8 @@
 #      cost model's check (kappa, nu, rho_tau, predicted vs measured rho_TPS need one shape for all)
 # Usage: bash examples/gemma3_job.sh [OUT_DIR]
 #   env: DRAFTER (drafters/gemma3-270m-eagle3), PER_KIND (3 prompts of each kind), MAX_NEW_TOKENS (64),
-#        FT_STEPS (30), RANK (80)
+#        FT_STEPS (30), RANK (80), RESULTS (a folder, e.g. results/gemma3: copy the two runs' JSON there,
+#        without their token lists, and the plot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -67,4 +68,18 @@ slimspec bench e2e --target "$TARGET" --prompts "$OUT/prompts.jsonl" "${drafters
 echo "== 6/6 bench e2e at one shape (chain-3, no lookup): the cost model's check [${SECONDS} s]"
 slimspec bench e2e --target "$TARGET" --prompts "$OUT/prompts.jsonl" "${drafters[@]}" --draft chain \
   --depth 3 --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts $((4 * PER_KIND)) --out "$OUT/e2e-chain3" --force
+if [ -n "${RESULTS:-}" ]; then  # the committed copies the docs are generated from (python scripts/make_docs.py)
+  mkdir -p "$RESULTS"
+  python - "$OUT" "$RESULTS" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+out, results = Path(sys.argv[1]), Path(sys.argv[2])
+for run, name in (("e2e", "job"), ("e2e-chain3", "job_chain3")):
+    d = json.loads((out / run / "e2e.json").read_text(encoding="utf-8"))
+    d.pop("per_prompt", None)  # token lists: in the run folder, not in the committed results
+    (results / f"{name}.json").write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
+shutil.copyfile(out / "e2e" / "e2e_speedup.png", results / "job_speedup.png")
+PY
+  echo "copied to $RESULTS (job.json, job_chain3.json, job_speedup.png)"
+fi
 echo "results: $OUT/e2e (defaults) and $OUT/e2e-chain3 (cost model); the job took ${SECONDS} s"

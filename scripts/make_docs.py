@@ -210,6 +210,8 @@ def results_page() -> str:
         ]
         out += provenance_lines(d) + ["", e2e_caption(d), ""]
         out += e2e_table(d) + [""]
+        if (RESULTS / "gemma3" / "job_speedup.png").exists():
+            out += ["![tokens/s over plain decoding, per drafter](../results/gemma3/job_speedup.png)", ""]
         if d.get("by_kind"):
             out += ["Per kind of prompt, speedup over plain decoding on the same prompts (tau):", ""]
             out += by_kind_table(d) + [""]
