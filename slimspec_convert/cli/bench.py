@@ -350,15 +350,15 @@ def bench_vllm(ctx: typer.Context) -> None:
     Runs ``python -m slimspec_convert.engines.vllm.bench`` with every argument in the environment that
     has vLLM (this one, or .venv-vllm): the library never imports vLLM (STYLE.md section 2).
     """
+    if {"-h", "--help"} & set(ctx.args):  # the options need no vLLM: help comes from this Python
+        shown = subprocess.run(
+            [sys.executable, "-m", VLLM_BENCH_MODULE, "--help"], capture_output=True, text=True
+        )
+        typer.echo(shown.stdout + shown.stderr, nl=False)
+        raise typer.Exit(code=shown.returncode)
     try:
         python = vllm_python()
     except FileNotFoundError as err:
-        if {"-h", "--help"} & set(ctx.args):  # the options need no vLLM: help works anywhere
-            shown = subprocess.run(
-                [sys.executable, "-m", VLLM_BENCH_MODULE, "--help"], capture_output=True, text=True
-            )
-            typer.echo(shown.stdout + shown.stderr, nl=False)
-            raise typer.Exit(code=shown.returncode) from None
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     raise typer.Exit(code=subprocess.call([python, "-m", VLLM_BENCH_MODULE, *ctx.args]))
