@@ -65,7 +65,9 @@ def test_chain_ranks_agree_with_chain_agreement_and_chain_acceptance():
 
 
 def test_the_verification_curve_is_measured_once_and_the_plan_picks_its_best_candidate(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify_cost_module, "read_competing_load", lambda: 0.0)  # quiet: a busy timing is not reused
+    monkeypatch.setattr(
+        verify_cost_module, "read_competing_load", lambda: 0.0
+    )  # quiet: a busy timing is not reused
     monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 0.0)
     target, tok = tiny_target(), tiny_tokenizer()
     drafter = tiny_drafter(seed=1)

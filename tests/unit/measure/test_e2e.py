@@ -308,7 +308,7 @@ def test_e2e_drafter_lookup_sets_one_drafters_lookup_and_the_lookup_row_takes_th
 
 
 def test_by_kind_sums_each_kinds_prompts_and_compares_them_with_plain_decoding():
-    from slimspec_convert.measure.e2e import by_kind
+    from slimspec_convert.measure.kinds import by_kind
 
     def stat(out, new, wall, committed):
         return {
