@@ -27,7 +27,8 @@ drafter's training data has (prose, code, math, translation), in the same text f
 * translation: ``"English: {first sentence}\n{language}:"`` for GSM8K test questions 11-20, the
   language cycling through French, German, Spanish, Italian and Portuguese.
 
-Usage: python examples/make_kind_prompts.py [--completion]   (writes data/eval/kinds[-completion]/<kind>.jsonl;
+Usage: python examples/make_kind_prompts.py [--completion]
+  (writes data/eval/kinds[-completion]/<kind>.jsonl;
 deterministic)
 """
 

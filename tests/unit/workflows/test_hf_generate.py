@@ -27,7 +27,7 @@ def test_auto_is_the_default_plans_once_and_stays_lossless(tmp_path, monkeypatch
         drafter.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
     ids = tok("how many clips did natalia sell", return_tensors="pt")["input_ids"]
     greedy = dict(max_new_tokens=16, do_sample=False, pad_token_id=0)
-    monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 0.0)  # a quiet machine: the plan is reused
+    monkeypatch.setattr(draft_shape, "read_competing_load", lambda: 0.0)  # quiet machine: the plan is reused
     plans = []
     real = hf_generate.plan_draft_shape
     monkeypatch.setattr(hf_generate, "plan_draft_shape", lambda *a, **k: plans.append(k) or real(*a, **k))
