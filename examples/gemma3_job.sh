@@ -47,7 +47,7 @@ slimspec trim "$DRAFTER" "$OUT/trim32k" --draft-vocab-size 32768 \
 echo "== 4/6 recovery fine-tune of the low-rank head ($FT_STEPS steps) [${SECONDS} s]"
 slimspec finetune --target "$TARGET" --drafter "$SLIM" --data "${DATA[1]}" --data-source human \
   --out "$SLIM-ft" --steps "$FT_STEPS" --max-length 192 --max-answer-tokens 48 \
-  --eval-data data/heldout/gemma3-completions.jsonl --metric-prompts 8 --measure-prompts 0 \
+  --metric-prompts 8 --measure-prompts 0 \
   --eval-every 10 --save-every 10 --force
 
 echo "== 5/6 bench e2e, the defaults a user gets [${SECONDS} s]"

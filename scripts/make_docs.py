@@ -165,6 +165,11 @@ def busy_note(d: dict) -> str:
     m = d.get("machine", {})
     if not m.get("busy"):
         return ""
+    if (m.get("reason") or "").startswith("1-min load average") and m["load_1m"] <= m["cpu_count"] + 0.5:
+        return (  # the record's rule before the CPU-time reading: a run's own threads made it 'busy'
+            f" The run's record flags the machine busy from its 1-min load average ({m['load_1m']:.1f} on"
+            f" {m['cpu_count']} cores), which counts the run's own threads; the load stayed within the cores."
+        )
     return (
         f" Timed while other jobs loaded the machine (1-min load average {m['load_1m']:.1f} on"
         f" {m['cpu_count']} cores): the rows are comparable with each other, absolute tokens/s are"

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
+import torch
+
 from slimspec_convert.decoding.config import AUTO_DRAFT, DraftConfig, SamplingConfig, check_draft_method
 from slimspec_convert.decoding.generator import SpeculativeGenerator
 from slimspec_convert.decoding.results import GenerationResult
@@ -42,7 +44,7 @@ from slimspec_convert.measure.draft_shape import (
 )
 from slimspec_convert.measure.kinds import by_kind
 from slimspec_convert.measure.linear_product import apply_linear_product
-from slimspec_convert.measure.machine import MachineState, machine_state, read_load_1m
+from slimspec_convert.measure.machine import MachineState, read_competing_load, read_load_1m, run_machine
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import DEFAULT_RERANK_CONTEXT, LowRankHead
 from slimspec_convert.targets.forward import resolve_aux_layers
@@ -331,7 +333,7 @@ def run_e2e(
             target_model, tokenizer, configs[name], draft, sampling, chat=cfg.chat, batch_size=cfg.batch_size
         )
 
-    load_before = read_load_1m()
+    load_before, others_before = read_load_1m(), read_competing_load()
     gens = {n: generator(n, cfg.max_new_tokens) for n in configs}
     if cfg.warmup_tokens:
         for n in configs:
@@ -365,7 +367,10 @@ def run_e2e(
     loads = [x for x in (load_before, read_load_1m()) if x is not None]
     p = next(target_model.parameters())
     run_on = {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch.")}  # what auto resolved to
-    machine = machine_state(load_1m=max(loads) if loads else None)
+    others = [x for x in (others_before, read_competing_load()) if x is not None]
+    machine = run_machine(
+        max(loads) if loads else None, max(others) if others else None, torch.get_num_threads()
+    )
     result = _summarise(configs, totals, outputs, cfg, machine, run_on, shapes, plans, unstable)
     kinds_table = by_kind(result.per_prompt, kinds) if kinds is not None and any(kinds) else None
     return replace(result, linear_product=linear.to_dict(), by_kind=kinds_table)

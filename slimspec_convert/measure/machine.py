@@ -297,3 +297,26 @@ def timing_machine(load_before: float | None, threads: int) -> MachineState:
         else None
     )
     return MachineState(load_before, cores, None, busy, reason)
+
+
+def run_machine(load_1m: float | None, others: float | None, threads: int) -> MachineState:
+    """The machine a whole benchmark run was timed on: busy when other processes competed for the cores.
+
+    Args:
+        load_1m: the larger 1-min load average read before and after the run (recorded for reference:
+            it counts the run's own threads, so it alone cannot tell a busy machine).
+        others: the larger of :func:`read_competing_load` before and after the run (None: unknown,
+            counted quiet).
+        threads: torch threads the run used.
+
+    Returns:
+        :class:`MachineState`, busy when ``others + threads > cores + 0.5`` (as :func:`timing_machine`).
+    """
+    cores = usable_cores()
+    busy = others is not None and others + threads > cores + 0.5
+    reason = (
+        f"other processes busy on {others:.2f} cores + {threads} threads > {cores} cores + 0.5"
+        if busy
+        else None
+    )
+    return MachineState(load_1m, cores, None, busy, reason)

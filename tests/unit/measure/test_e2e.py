@@ -79,7 +79,8 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
     for name, path in paths.items():
         args += ["--drafter", f"{name}={path}"]
     monkeypatch.setattr(e2e, "read_load_1m", lambda: 1000.0)  # a machine far busier than its cores
-    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(e2e, "read_competing_load", lambda: 999.0)  # ... because of other processes
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     plotted = {}
 
     def plot(*a, **kw):
@@ -142,15 +143,18 @@ def test_cli_bench_e2e(tmp_path, monkeypatch):
         "cpu_count": 2,
         "timing_spread": None,
         "busy": True,
-        "reason": "1-min load average 1000.00 > 2 cores",
+        "reason": "other processes busy on 999.00 cores + 1 threads > 2 cores + 0.5",
     }
-    assert "warning: busy machine (1-min load average 1000.00 > 2 cores): timings are noisy" in res.stderr
+    assert (
+        "warning: busy machine (other processes busy on 999.00 cores + 1 threads > 2 cores + 0.5)"
+        in res.stderr
+    )
     md = (tmp_path / "out" / "e2e.md").read_text()
     assert "| low | lowrank r=8 V_d=128 | chain-5 |" in md
     assert "| lowrr | lowrank r=8 +rerank k=16 ctx=32 V_d=128 | chain-5 |" in md
     assert "batch 1, draft chain, cpu float32." in md
     assert "Target and drafters, linear product: transposed (as asked)." in md
-    assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (1-min load average 1000.00 > 2 cores)" in md
+    assert "Machine: 1-min load average 1000.00 on 2 cores; BUSY (other processes busy on 999.00 cores" in md
     bad = CliRunner().invoke(app, args + ["--drafter", "none=" + str(paths["full"])])
     assert bad.exit_code == 2 and "'none' is the plain-decoding baseline" in bad.output
     bad = CliRunner().invoke(app, args + ["--force", "--rerank", "nope=4"])
