@@ -59,7 +59,7 @@ kinds = ("prose", "code", "math", "translation")
 lines = {k: Path(f"data/eval/kinds-completion/{k}.jsonl").read_text(encoding="utf-8").splitlines() for k in kinds}
 out.write_text("".join(lines[k][i] + "\n" for i in range(per_kind) for k in kinds), encoding="utf-8")
 PY
-export SLIMSPEC_JOB="bash examples/gemma3_job.sh $*"  # cited by the results page beside bench's own command
+export SLIMSPEC_JOB="bash examples/gemma3_job.sh${*:+ $*}"  # cited by the results page beside bench's own command
 drafters=(--drafter full="$DRAFTER" --drafter trim32k="$OUT/trim32k" --drafter slimspec="$SLIM-ft"
   --drafter slimspec-rerank="$SLIM-ft" --rerank slimspec-rerank=64 --reference full)
 slimspec bench e2e --target "$TARGET" --prompts "$OUT/prompts.jsonl" "${drafters[@]}" --lookup-row 3 \

@@ -371,9 +371,31 @@ def cost_model_table(d: dict) -> list[str]:
 def gemma_caption(d: dict) -> str:
     """Where and how the large-vocabulary job was measured, in one paragraph."""
     p = d["provenance"]
+    kinds = d.get("by_kind") or {}
+    per = {rows[0]["prompts"] for rows in kinds.values()}
+    planned = p["prompts"].split(" planned on ")[-1]
+    prompts = (
+        f"the first {per.pop()} prompts of each of `data/eval/kinds-completion/{{{','.join(kinds)}}}.jsonl`"
+        f" (held-out evaluation prompts), interleaved; draft shapes planned on {planned}"
+        if len(per) == 1 and " planned on " in p["prompts"]
+        else p["prompts"]
+    )
     return (
         f"Gemma 3 270M target (base model, V = 262,144, completion prompts), {p['machine']}, {p['date']}, "
-        f"`{p.get('job') or p['command']}`; {p['prompts']}. " + e2e_caption(d)
+        f"`{(p.get('job') or p['command']).strip()}`; {prompts}. " + e2e_caption(d)
+    )
+
+
+def chain3_line() -> str:
+    """One sentence on the job's one-shape run: SlimSpec over the full head, the cost model's worst error."""
+    c = load(GEMMA_CHAIN3)
+    rows = [r for r in c["rows"] if r.get("predicted_rho_tps") is not None and r["name"] != c["reference"]]
+    worst = max(abs(r["predicted_rho_tps"] / r["measured_rho_tps"] - 1) for r in rows)
+    parts = "; ".join(f"{head_label(r)} {fmt(r['measured_rho_tps'], 2)}x" for r in rows)
+    return (
+        f"At one shape for all (chain-3, no prompt lookup; kappa = {fmt(c['kappa'])}), tokens/s over the full"
+        f" head: {parts}; the cost model rho_TPS = rho_tau (1 + kappa) / (1 + nu kappa) is within"
+        f" {100 * worst:.1f}% of each ([docs/results.md](docs/results.md))."
     )
 
 
@@ -385,6 +407,8 @@ def headline_block() -> str:
         lines = [gemma_caption(d), "", *job_table(d)]
         if d.get("by_kind"):
             lines += ["", "Per kind of prompt, speedup over plain decoding (tau):", "", *by_kind_table(d)]
+        if (RESULTS / GEMMA_CHAIN3).exists():
+            lines += ["", chain3_line()]
         return "\n".join(lines)
     d = load("smollm2/mainjob.json")
     p = d["provenance"]
@@ -459,8 +483,8 @@ def gemma_card_recipe_block() -> str:
             "",
             f"{t['steps_run']} optimizer steps of {t['batch_size']} records "
             f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
-            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training (prefix and completion tokens) "
-            f"({t['threads']} threads); held-out predicted chain-{t['metric_depth']} tau "
+            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads ({t['tokens_per_s_note']});"
+            f" held-out predicted chain-{t['metric_depth']} tau "
             f"{fmt(t['score_before'])} before training, {fmt(t['score_kept'])} at the kept step "
             f"{t['kept_step']}.",
         ]
