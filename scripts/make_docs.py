@@ -483,7 +483,8 @@ def gemma_card_recipe_block() -> str:
             "",
             f"{t['steps_run']} optimizer steps of {t['batch_size']} records "
             f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
-            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads ({t['tokens_per_s_note']});"
+            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads "
+            f"({t['tokens_per_s_note']});"
             f" held-out predicted chain-{t['metric_depth']} tau "
             f"{fmt(t['score_before'])} before training, {fmt(t['score_kept'])} at the kept step "
             f"{t['kept_step']}.",
