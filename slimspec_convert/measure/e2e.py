@@ -108,9 +108,8 @@ class BenchE2EConfig:
     lookup_max_ngram: int = DraftConfig.lookup_max_ngram
     chat: bool | None = None  # chat template / completion prompts; None: the tokenizer decides
     depth: int | None = None  # draft steps per round with draft_method tree or chain (None: DraftConfig's)
-    lookup_row: int | None = (
-        None  # the 'lookup' row with N tokens whatever the drafters use (None: see above)
-    )
+    # the 'lookup' row with N tokens whatever the drafters use (None: only with a drafter's lookup)
+    lookup_row: int | None = None
 
     def lookup_config(self, draft: DraftConfig | None = None, lookup: int = 0) -> DraftConfig:
         """``draft`` (default: ``DraftConfig()``) with this run's n-gram fields and ``lookup`` tokens."""
@@ -235,7 +234,7 @@ class E2EResult:
     num_prompts: int
     config: dict
     per_prompt: dict[str, list[dict]]
-    machine: MachineState | None = None  # the larger 1-min load of the readings before and after
+    machine: MachineState | None = None  # measure.machine.run_machine of the readings before and after
     linear_product: dict | None = None  # LinearProductChoice.to_dict() of the run
     provenance: dict | None = None  # measure.provenance.provenance(): date, command, versions, host
     by_kind: dict[str, list[dict]] | None = None  # kind of prompt -> per-configuration rows (by_kind())
@@ -298,9 +297,10 @@ def run_e2e(
             where it has none): the result then also reports each kind apart (:func:`by_kind`).
 
     Returns:
-        :class:`E2EResult` (plain decoding first), with the machine's state (busy when the 1-min
-        load average before or after the run exceeds the core count), the linear product used and,
-        with ``kinds``, the rows of each kind.
+        :class:`E2EResult` (plain decoding first), with the machine's state (busy when other
+        processes' CPU time before or after the run leaves the run's threads short of a core,
+        :func:`~slimspec_convert.measure.machine.run_machine`), the linear product used and, with
+        ``kinds``, the rows of each kind.
 
     Raises:
         ValueError: a drafter that does not fit the target, or no prompts.
