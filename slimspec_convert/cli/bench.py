@@ -185,6 +185,12 @@ def rank_sweep_cmd(
     finetune_data: Annotated[
         list[Path] | None, typer.Option(help="training conversations for --finetune-steps (repeatable)")
     ] = None,
+    rerank: Annotated[
+        int, typer.Option(help="measure every low-rank head with the shortlist rerank of its top k (0 = off)")
+    ] = _SWEEP.rerank,
+    acceptance: Annotated[
+        str, typer.Option(help="alpha of the chain model: sampling (expected acceptance) or greedy (top-1)")
+    ] = _SWEEP.acceptance,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = _SWEEP.force,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:

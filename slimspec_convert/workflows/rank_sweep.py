@@ -63,6 +63,10 @@ DEFAULT_SWEEP_BATCH_SIZE = 4
 DEFAULT_NUM_DRAFT_TOKENS = 5  # k of the chain model used to turn acceptance into tau (= DraftConfig.depth)
 
 
+# sampling: sum_v min(p_v, q_v) (speculative sampling); greedy: top-1 agreement (greedy decoding)
+ACCEPTANCE_KINDS = ("sampling", "greedy")
+
+
 @dataclass(frozen=True)
 class RankSweepConfig:
     """Options of ``slimspec rank-sweep``.
@@ -82,11 +86,20 @@ class RankSweepConfig:
     repeats: int = DEFAULT_BENCH_REPEATS
     finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.train.trainer)
     finetune_data: tuple[str, ...] = ()
+    rerank: int = 0  # k > 0: every low-rank head rescores its top k exactly (LowRankHead.set_rerank)
+    acceptance: str = "sampling"  # the alpha the chain model turns into tau: sampling or greedy (top-1)
     force: bool = False
 
     def __post_init__(self) -> None:
         if not self.ranks:
             raise ValueError("RankSweepConfig.ranks is empty")
+        if self.rerank < 0:
+            raise ValueError(f"RankSweepConfig.rerank={self.rerank}: expected >= 0 (0 = no rerank)")
+        if self.acceptance not in ACCEPTANCE_KINDS:
+            raise ValueError(
+                f"RankSweepConfig.acceptance={self.acceptance!r}: "
+                f"expected one of {', '.join(ACCEPTANCE_KINDS)}"
+            )
         if self.finetune_steps < 0:
             raise ValueError(f"RankSweepConfig.finetune_steps={self.finetune_steps}: expected >= 0")
         if self.finetune_steps and not self.finetune_data:
@@ -146,6 +159,8 @@ class SweepResult:
     recommended_speedup: float
     ceiling: float
     finetune_steps: int = 0
+    rerank: int = 0
+    acceptance: str = "sampling"
 
     def to_dict(self) -> dict:
         """JSON-ready dict (with the package version)."""
@@ -179,8 +194,15 @@ def sweep_ranks(
     Returns:
         :class:`SweepResult` (rows: the full head first, then ranks ascending).
 
+    With ``cfg.rerank`` = k > 0 every low-rank head is measured with the shortlist rerank on (its
+    top k rescored exactly with the dense rows, no context pool): acceptance and latency are those
+    of ``--rerank k`` decoding. ``cfg.acceptance`` picks the alpha of the chain model: ``sampling``
+    (expected acceptance) or ``greedy`` (top-1 agreement).
+
     Raises:
-        ValueError: the head is already low-rank, or neither kappa nor a measurement is given.
+        ValueError: the head is already low-rank, neither kappa nor a measurement is given, or a
+            rerank for a drafter whose dense head is not its embedding table (the rows it rescores
+            with) or k > V_d.
     """
     if isinstance(drafter.lm_head, LowRankHead):
         raise ValueError("the drafter's head is already low-rank; rank-sweep needs the original dense head")
@@ -202,6 +224,8 @@ def sweep_ranks(
             head.down.weight.copy_(fac.W_down[:r])
         heads[str(r)] = head.to(W.device).eval()
     tuned = tune({str(r): heads[str(r)] for r in ranks}) if tune is not None else {}
+    if cfg.rerank:
+        _rerank_heads(drafter, [heads[str(r)] for r in ranks] + list(tuned.values()), cfg.rerank)
     acc = expected_acceptance_by_head(
         drafter, target_model, batches, {**heads, **{f"{n}+ft": h for n, h in tuned.items()}}
     )
@@ -212,7 +236,10 @@ def sweep_ranks(
         heads, x, warmup=cfg.warmup, repeats=cfg.repeats, device=W.device
     )
     k = cfg.num_draft_tokens
-    tau = {n: expected_tau(min(1.0, a.expected_acceptance), k) for n, a in acc.items()}
+    alpha = {
+        n: a.top1_agreement if cfg.acceptance == "greedy" else a.expected_acceptance for n, a in acc.items()
+    }
+    tau = {n: expected_tau(min(1.0, a), k) for n, a in alpha.items()}
     rec = recommend_rank(
         RankCandidate(None, tau["full"], head_ms["full"]),
         [RankCandidate(r, tau[str(r)], head_ms[str(r)]) for r in ranks],
@@ -251,7 +278,27 @@ def sweep_ranks(
         rec.best.predicted_speedup,
         rec.ceiling,
         cfg.finetune_steps if tune is not None else 0,
+        cfg.rerank,
+        cfg.acceptance,
     )
+
+
+def _rerank_heads(drafter: Eagle3Drafter, heads: Sequence[nn.Module], k: int) -> None:
+    """Turn the shortlist rerank on for ``heads`` with the drafter's embedding rows.
+
+    Raises:
+        ValueError: the drafter's dense head differs from its embedding table, or k > V_d.
+    """
+    emb = drafter.embed_tokens.weight
+    if drafter.lm_head.weight.shape != emb.shape or not torch.equal(drafter.lm_head.weight, emb):
+        raise ValueError(
+            f"--rerank {k}: the drafter's dense lm_head {list(drafter.lm_head.weight.shape)} is not its "
+            f"embedding table {list(emb.shape)}; the rerank rescores with embedding rows, so it serves only "
+            "heads that are the (tied) embedding (train-drafter --train body, speculators heads of tied "
+            "targets)"
+        )
+    for head in heads:
+        head.set_rerank(k, drafter.embed_tokens)
 
 
 def finetune_heads(
@@ -408,17 +455,22 @@ def rank_sweep(
     return result
 
 
+_ALPHA_WORDS = {"sampling": "expected acceptance", "greedy": "top-1 agreement"}
+
+
 def sweep_markdown(result: SweepResult) -> str:
     """A markdown table of the sweep plus the recommendation line."""
     lines = [
         f"Rank sweep: d={result.hidden_size}, V_d={result.draft_vocab_size}, kappa={result.kappa:.3f} "
         f"({result.kappa_source}), k={result.num_draft_tokens}, {result.num_positions} held-out positions. "
-        "tau = accepted drafts + 1 bonus (chain model from expected acceptance).",
+        f"tau = accepted drafts + 1 bonus (chain model from {_ALPHA_WORDS[result.acceptance]}).",
         "",
         "| rank | SVD rel. error | energy | exp. acceptance (SVD only) | top-1 | tau est. | head ms | nu "
         "| rho_tau | predicted rho_TPS | break-even rho_tau |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if result.rerank:
+        lines[0] += f" Every low-rank head with the shortlist rerank of its top {result.rerank}."
     if result.finetune_steps:
         lines[0] += f" Low-rank acceptance after a {result.finetune_steps}-step head fine-tune."
     for r in result.rows:

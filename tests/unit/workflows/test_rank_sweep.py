@@ -122,6 +122,50 @@ def test_sweep_recommendation_follows_injected_tables(monkeypatch):
     assert res.rows[2].tau_estimate == pytest.approx(2.862952)
 
 
+def _tied_drafter():
+    """A tiny drafter whose dense head is its embedding table (the rerank's precondition)."""
+    drafter = tiny_drafter()
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(drafter.embed_tokens.weight)
+    return drafter
+
+
+def test_sweep_rerank_of_every_row_is_the_full_head():
+    # k = V_d rescores every logit with the dense rows: each rank's logits become the full head's, so
+    # acceptance and top-1 equal the full head's exactly; k = 8 rescores only rank 4's shortlist.
+    target, drafter = tiny_target(), _tied_drafter()
+    plain = sweep_ranks(drafter, target, [_batch()], [4], RankSweepConfig(repeats=2), kappa=0.5)
+    every = sweep_ranks(drafter, target, [_batch()], [4], RankSweepConfig(repeats=2, rerank=128), kappa=0.5)
+    full, r4 = every.rows
+    assert every.rerank == 128 and plain.rerank == 0
+    assert r4.expected_acceptance == pytest.approx(full.expected_acceptance, abs=1e-6)
+    assert r4.top1_agreement == full.top1_agreement
+    assert r4.expected_acceptance_svd == pytest.approx(full.expected_acceptance, abs=1e-6)
+    assert plain.rows[1].expected_acceptance != pytest.approx(full.expected_acceptance, abs=1e-4)
+    short = sweep_ranks(drafter, target, [_batch()], [4], RankSweepConfig(repeats=2, rerank=8), kappa=0.5)
+    shortlisted = short.rows[1].expected_acceptance
+    assert shortlisted not in (plain.rows[1].expected_acceptance, full.expected_acceptance)
+    assert "shortlist rerank of its top 8" in rs.sweep_markdown(short)
+
+
+def test_sweep_greedy_acceptance_uses_top1(monkeypatch):
+    # greedy: tau from top-1 agreement (0.5 -> k = 3: 1 + 0.5 + 0.25 + 0.125 = 1.875), not from 0.8.
+    stats = {"full": AcceptanceStats(0.8, 0.5, 7), "4": AcceptanceStats(0.8, 0.5, 7)}
+    monkeypatch.setattr(rs, "expected_acceptance_by_head", lambda d, t, b, hs: {n: stats[n] for n in hs})
+    monkeypatch.setattr(rs, "time_module_calls", lambda heads, x, **kw: {n: 1.0 for n in heads})
+    cfg = RankSweepConfig(num_draft_tokens=3, acceptance="greedy")
+    res = sweep_ranks(tiny_drafter(), None, [], [4], cfg, kappa=0.5)
+    assert [r.tau_estimate for r in res.rows] == [pytest.approx(1.875)] * 2
+    assert res.acceptance == "greedy" and "top-1 agreement" in rs.sweep_markdown(res)
+    with pytest.raises(ValueError, match="acceptance='top5'"):
+        RankSweepConfig(acceptance="top5")
+
+
+def test_sweep_refuses_rerank_of_an_untied_head():
+    with pytest.raises(ValueError, match="is not its embedding table"):
+        sweep_ranks(tiny_drafter(), None, [], [4], RankSweepConfig(rerank=8), kappa=0.5)
+
+
 def test_measure_kappa_is_ratio_of_stage_times():
     m = measure_kappa(tiny_drafter(), tiny_target(), _batch()["input_ids"][:1], 3, repeats=3)
     assert m.kappa == pytest.approx(3 * m.head_ms / (3 * m.body_ms + m.fuse_ms + m.verify_ms))
