@@ -12,21 +12,25 @@ after ``<bos>``, and the target's greedy continuation. Four kinds of text:
 
 Every source item is assigned to ``train`` or ``heldout`` by a hash of its source and index (5% held
 out); ``--heldout N`` writes N held-out prompts per kind as ``{"prompt", "kind", ...}`` lines (the
-completion prompts the Gemma job is measured on), ``--out DIR`` writes the continuations of the
-train split. A plan of prefixes is drawn once from ``--seed`` (kinds interleaved), and the run
-appends records to ``DIR/completions-NNN.jsonl``; a piece of ``--piece-records`` records is gzipped
-to ``completions-NNN.jsonl.gz`` when full (``--seal`` gzips the open piece too, to commit it). A rerun
+drafter's selection metric and ``--draft auto``'s planning prompts), ``--out DIR`` writes the
+continuations of the train split (``--split heldout``: of the held-out split, kinds interleaved, so
+``--num 48`` answers the 12 held-out prompts of each kind: the rank sweep's data). A plan of
+prefixes is drawn once from ``--seed`` (kinds interleaved), and the run appends records to
+``DIR/completions-NNN.jsonl``; a piece of ``--piece-records`` records is gzipped to
+``completions-NNN.jsonl.gz`` when full (``--seal`` gzips the open piece too, to commit it). A rerun
 skips every planned item already written (plain or gzipped), so it resumes after a kill. A record:
 
     {"prefix": "...", "completion": "...", "kind": "code",
      "provenance": {"source": "data/train/gpteacher/codegen-instruct.json", "index": 12, "cut": 180,
                     "decoding": {...}, "new_tokens": 128, "prefix_tokens": 57, "target": "<sha>"}}
 
-Usage (background, niced, one thread):
+Usage (background; about 250 new tokens/s on 2 cores with batches of 32):
 
     T=$(slimspec fetch gemma3-270m)
-    OMP_NUM_THREADS=1 nice -n 15 python examples/gemma_completions.py --target "$T" --out data/train/gemma3
+    OMP_NUM_THREADS=2 python examples/gemma_completions.py --target "$T" --out data/train/gemma3 \
+        --batch-size 32
     python examples/gemma_completions.py --heldout 12   # data/heldout/gemma3-completions.jsonl
+    python examples/gemma_completions.py --target "$T" --split heldout --num 48 --out data/heldout/gemma3
 """
 
 from __future__ import annotations
@@ -216,6 +220,12 @@ def main() -> None:
     ap.add_argument("--target", help="the Gemma 3 folder (slimspec fetch gemma3-270m)")
     ap.add_argument("--out", type=Path, help="output folder of the pieces")
     ap.add_argument("--num", type=int, default=20000, help="planned prefixes to answer (in plan order)")
+    ap.add_argument(
+        "--split",
+        choices=("train", "heldout"),
+        default="train",
+        help="whose prefixes to answer: train, or heldout (held-out continuations, e.g. for rank-sweep)",
+    )
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prefix-tokens", type=int, default=256)
@@ -248,7 +258,7 @@ def main() -> None:
     decoding = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "dtype": args.dtype}
     done = done_keys(args.out)
     todo = []
-    for x in plan("train", args.seed)[: args.num]:
+    for x in plan(args.split, args.seed)[: args.num]:
         if f"{x['kind']}:{x['source']}:{x['index']}" in done:
             continue
         n = len(tok(x["prefix"])["input_ids"])
