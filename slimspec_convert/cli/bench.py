@@ -191,6 +191,16 @@ def rank_sweep_cmd(
     acceptance: Annotated[
         str, typer.Option(help="alpha of the chain model: sampling (expected acceptance) or greedy (top-1)")
     ] = _SWEEP.acceptance,
+    calibration_data: Annotated[
+        list[Path] | None,
+        typer.Option(help="training files: calibrated factors, as convert makes (repeatable)"),
+    ] = None,
+    calibration_source: Annotated[
+        str, typer.Option(help="target (the target answers the prompts) or human (the files' answers)")
+    ] = _SWEEP.calibration_source,
+    calibration_samples: Annotated[
+        int, typer.Option(help="calibration conversations")
+    ] = _SWEEP.calibration_samples,
     force: Annotated[bool, typer.Option(help="overwrite results in OUT")] = _SWEEP.force,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
@@ -201,6 +211,7 @@ def rank_sweep_cmd(
             locals(),
             ranks=csv_items(ranks, "--ranks"),
             finetune_data=tuple(str(p) for p in finetune_data or ()),
+            calibration_data=tuple(str(p) for p in calibration_data or ()),
         )
     )
     result = rank_sweep(target, drafter, [str(p) for p in data], out, cfg)

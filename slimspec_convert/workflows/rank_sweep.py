@@ -32,6 +32,7 @@ from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.data.examples import build_examples, collate, load_examples
 from slimspec_convert.data.records import read_conversations
 from slimspec_convert.devices import AUTO_DTYPE, check_device_name, check_run_dtype
+from slimspec_convert.lowrank.calibrated import DEFAULT_TOKEN_WEIGHT, HeadCalibration, calibrated_factorize
 from slimspec_convert.lowrank.costmodel import RankCandidate, expected_tau, recommend_rank
 from slimspec_convert.lowrank.svd import lowrank_factorize, spectrum
 from slimspec_convert.measure.acceptance import expected_acceptance_by_head
@@ -44,6 +45,12 @@ from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.targets.forward import resolve_aux_layers
 from slimspec_convert.targets.load import load_target
 from slimspec_convert.version import __version__
+from slimspec_convert.workflows.calibrate import (
+    CALIBRATION_SOURCES,
+    DEFAULT_CALIBRATION_SAMPLES,
+    calibrate_from_files,
+    head_row_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +94,20 @@ class RankSweepConfig:
     finetune_steps: int = 0  # 0: SVD only; N: a short head fine-tune per rank (finetune.train.trainer)
     finetune_data: tuple[str, ...] = ()
     rerank: int = 0  # k > 0: every low-rank head rescores its top k exactly (LowRankHead.set_rerank)
+    calibration_data: tuple[str, ...] = ()  # () = plain SVD; files: calibrated factors, as convert's
+    calibration_source: str = "target"  # as slimspec convert: target answers, or human (files' own)
+    calibration_samples: int = DEFAULT_CALIBRATION_SAMPLES
     acceptance: str = "sampling"  # the alpha the chain model turns into tau: sampling or greedy (top-1)
     force: bool = False
 
     def __post_init__(self) -> None:
         if not self.ranks:
             raise ValueError("RankSweepConfig.ranks is empty")
+        if self.calibration_source not in CALIBRATION_SOURCES:
+            raise ValueError(
+                f"RankSweepConfig.calibration_source={self.calibration_source!r}: "
+                f"expected one of {', '.join(CALIBRATION_SOURCES)}"
+            )
         if self.rerank < 0:
             raise ValueError(f"RankSweepConfig.rerank={self.rerank}: expected >= 0 (0 = no rerank)")
         if self.acceptance not in ACCEPTANCE_KINDS:
@@ -108,7 +123,7 @@ class RankSweepConfig:
             )
         if self.kappa is not None and self.kappa < 0:
             raise ValueError(f"RankSweepConfig.kappa={self.kappa}: expected >= 0")
-        for name in ("num_draft_tokens", "max_examples", "batch_size", "repeats"):
+        for name in ("num_draft_tokens", "max_examples", "batch_size", "repeats", "calibration_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RankSweepConfig.{name}={getattr(self, name)}: expected >= 1")
         if self.max_length < 3:
@@ -161,6 +176,7 @@ class SweepResult:
     finetune_steps: int = 0
     rerank: int = 0
     acceptance: str = "sampling"
+    calibrated: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready dict (with the package version)."""
@@ -176,6 +192,7 @@ def sweep_ranks(
     kappa: float | None = None,
     kappa_measurement: KappaMeasurement | None = None,
     tune: Callable[[dict[str, LowRankHead]], dict[str, nn.Module]] | None = None,
+    calibration: HeadCalibration | None = None,
 ) -> SweepResult:
     """Evaluate every rank against the drafter's full head and recommend one.
 
@@ -190,6 +207,10 @@ def sweep_ranks(
         tune: optional map from the SVD heads (keyed by ``str(r)``) to fine-tuned heads of the same
             shapes (e.g. :func:`finetune_heads`); the cost model then uses the tuned acceptance and
             ``expected_acceptance_svd`` keeps the SVD-only value.
+        calibration: the head input's second moment (``workflows.calibrate``): each rank's factors
+            are then ``slimspec convert``'s calibrated ones (``lowrank.calibrated``, rows weighted by
+            next-token frequency) instead of the plain truncated SVD, and ``relative_error`` is their
+            weight-space error (``energy_retained`` = 1 - error^2).
 
     Returns:
         :class:`SweepResult` (rows: the full head first, then ranks ascending).
@@ -215,11 +236,19 @@ def sweep_ranks(
     W_host = W.cpu()  # the factorisation is host math (lowrank/), done once per sweep
     energy = torch.cumsum(spectrum(W_host) ** 2, 0)
     energy = energy / energy[-1]  # [min(V_d, d)] float64, retained energy at rank i + 1
-    fac = lowrank_factorize(W_host.float(), ranks[-1])
     heads: dict[str, nn.Module] = {"full": drafter.lm_head}
+    weight_error: dict[int, float] = {}
+    if calibration is None:
+        fac = lowrank_factorize(W_host.float(), ranks[-1])
+    else:
+        d2t = drafter.d2t.cpu() if drafter.config.is_trimmed else None
+        row_weights = head_row_weights(calibration, V_d, d2t, DEFAULT_TOKEN_WEIGHT)
     for r in ranks:
         head = LowRankHead(d, V_d, r, dtype=W.dtype)
-        with torch.no_grad():  # the leading r directions of the rank-max factorisation are the rank-r one
+        if calibration is not None:
+            fac = calibrated_factorize(W_host.float(), r, calibration.second_moment, row_weights=row_weights)
+            weight_error[r] = fac.relative_error
+        with torch.no_grad():  # the leading r directions of the rank-max SVD are the rank-r one
             head.up.weight.copy_(fac.W_up[:, :r])
             head.down.weight.copy_(fac.W_down[:r])
         heads[str(r)] = head.to(W.device).eval()
@@ -248,7 +277,12 @@ def sweep_ranks(
     rows = []
     for pred in rec.predictions:
         name = "full" if pred.rank is None else str(pred.rank)
-        e = 1.0 if pred.rank is None else float(energy[pred.rank - 1])
+        if pred.rank is None:
+            e = 1.0
+        elif pred.rank in weight_error:
+            e = 1.0 - weight_error[pred.rank] ** 2
+        else:
+            e = float(energy[pred.rank - 1])
         rows.append(
             SweepRow(
                 pred.rank,
@@ -280,6 +314,7 @@ def sweep_ranks(
         cfg.finetune_steps if tune is not None else 0,
         cfg.rerank,
         cfg.acceptance,
+        calibration is not None,
     )
 
 
@@ -447,7 +482,18 @@ def rank_sweep(
         measurement = measure_kappa(
             drafter, model, first, cfg.num_draft_tokens, warmup=cfg.warmup, repeats=cfg.repeats
         )
-    result = sweep_ranks(drafter, model, batches, ranks, cfg, cfg.kappa, measurement, tune)
+    calibration = None
+    if cfg.calibration_data:
+        calibration = calibrate_from_files(
+            drafter_path,
+            target,
+            list(cfg.calibration_data),
+            samples=cfg.calibration_samples,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            source=cfg.calibration_source,
+        )
+    result = sweep_ranks(drafter, model, batches, ranks, cfg, cfg.kappa, measurement, tune, calibration)
     write_sweep(result, out, force=cfg.force)
     logger.info(
         "rank sweep written to %s: %s", out, json.dumps({"recommended_rank": result.recommended_rank})
@@ -469,6 +515,8 @@ def sweep_markdown(result: SweepResult) -> str:
         "| rho_tau | predicted rho_TPS | break-even rho_tau |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if result.calibrated:
+        lines[0] += " Calibrated factors (as slimspec convert's; error and energy in weight space)."
     if result.rerank:
         lines[0] += f" Every low-rank head with the shortlist rerank of its top {result.rerank}."
     if result.finetune_steps:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import slimspec_convert.workflows.rank_sweep as rs
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.cli.app import app
+from slimspec_convert.lowrank.calibrated import HeadCalibration, calibrated_factorize
 from slimspec_convert.lowrank.svd import lowrank_factorize, relative_error
 from slimspec_convert.measure.acceptance import AcceptanceStats, expected_acceptance
 from slimspec_convert.measure.kappa import measure_kappa
@@ -161,6 +162,28 @@ def test_sweep_greedy_acceptance_uses_top1(monkeypatch):
         RankSweepConfig(acceptance="top5")
 
 
+def test_sweep_calibrated_rows_are_converts_factors():
+    # With a calibration each rank's head is calibrated_factorize's (convert's), not the plain SVD.
+    target, drafter = tiny_target(), tiny_drafter()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 32, generator=g, dtype=torch.float64) * torch.linspace(
+        0.1, 3.0, 32, dtype=torch.float64
+    )
+    cal = HeadCalibration(x.T @ x / 64, 64)
+    res = sweep_ranks(
+        drafter, target, [_batch()], [4], RankSweepConfig(repeats=2), kappa=0.5, calibration=cal
+    )
+    plain = sweep_ranks(drafter, target, [_batch()], [4], RankSweepConfig(repeats=2), kappa=0.5)
+    fac = calibrated_factorize(drafter.lm_head.weight.detach().float(), 4, cal.second_moment)
+    assert res.calibrated and not plain.calibrated and "Calibrated factors" in rs.sweep_markdown(res)
+    assert res.rows[1].relative_error == pytest.approx(fac.relative_error, rel=1e-9)
+    assert (
+        res.rows[1].relative_error > plain.rows[1].relative_error
+    )  # Eckart-Young: SVD is the weight optimum
+    assert res.rows[1].energy_retained == pytest.approx(1 - fac.relative_error**2)
+    assert res.rows[1].expected_acceptance != pytest.approx(plain.rows[1].expected_acceptance, abs=1e-6)
+
+
 def test_sweep_refuses_rerank_of_an_untied_head():
     with pytest.raises(ValueError, match="is not its embedding table"):
         sweep_ranks(tiny_drafter(), None, [], [4], RankSweepConfig(rerank=8), kappa=0.5)
@@ -219,6 +242,12 @@ def test_cli_rank_sweep(tmp_path):
     assert (tmp_path / "out" / "rank_vs_latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "pass --force" in res.output
+    extra = ["--calibration-data", str(data), "--calibration-source", "human", "--acceptance", "greedy"]
+    res = CliRunner().invoke(app, [*args, "--force", *extra])
+    assert res.exit_code == 0, res.output
+    cal = json.loads(res.stdout)
+    assert cal["calibrated"] and cal["acceptance"] == "greedy" and cal["rerank"] == 0
+    assert cal["rows"][1]["relative_error"] > out["rows"][1]["relative_error"]
 
 
 def _random_conversations(path, num, length, seed):
