@@ -42,7 +42,9 @@ KIND_ORDER = ["writing", "qa", "math", "translation", "code", "summarisation"]
 GEMMA_JOB = "gemma3/job.json"
 GEMMA_CHAIN3 = "gemma3/job_chain3.json"
 GEMMA_TITLE = "Gemma 3 270M (V = 262,144): the large-vocabulary job"
+GEMMA_SWEEP = "gemma3/rank_sweep.json"  # the job's rank sweep (slimspec rank-sweep)
 GEMMA_TRAINING = "gemma3/drafter_training.json"  # the demo drafter's train-drafter run
+GEMMA_TRAINING_2 = "gemma3/drafter_finetune.json"  # its continuation (slimspec finetune), when it ran
 GEMMA_CARD = ROOT / "drafters" / "gemma3-270m-eagle3" / "README.md"
 
 
@@ -205,9 +207,9 @@ def results_page() -> str:
             f"## {GEMMA_TITLE}",
             "",
             "`bash examples/gemma3_job.sh`: the committed Gemma 3 demo drafter (full head, the target's",
-            "tied embedding), its 32k trimmed copy and its SlimSpec conversion (r = d/8 = 80, calibrated,",
-            "a short recovery fine-tune), with and without the shortlist rerank, plain decoding and prompt",
-            "lookup alone, interleaved on held-out evaluation completion prompts of four kinds",
+            "tied embedding), its 32k trimmed copy and its SlimSpec conversion (" + job_rank(d) + ",",
+            "calibrated, a short recovery fine-tune), with and without the shortlist rerank, plain decoding",
+            "and prompt lookup alone, interleaved on held-out evaluation completion prompts of four kinds",
             "(`data/eval/kinds-completion/`, built by `python examples/make_kind_prompts.py --completion`;",
             "nothing was tuned on them); every drafter with the defaults a user gets (`--draft auto`,",
             "planned on held-out training prompts).",
@@ -232,6 +234,8 @@ def results_page() -> str:
         ]
         out += provenance_lines(d) + ["", e2e_caption(d), ""]
         out += cost_model_table(d) + [""]
+    if (RESULTS / GEMMA_SWEEP).exists():
+        out += sweep_section(load(GEMMA_SWEEP))
     kinds = kind_results()
     if kinds:
         out += [
@@ -368,6 +372,43 @@ def cost_model_table(d: dict) -> list[str]:
     return lines
 
 
+def job_rank(d: dict) -> str:
+    """How the job chose the low-rank drafter's r, from its rows and the sweep's JSON."""
+    r = next(r["rank"] for r in d["rows"] if r.get("kind") == "lowrank")
+    if (RESULTS / GEMMA_SWEEP).exists() and load(GEMMA_SWEEP).get("recommended_rank") == r:
+        return f"r = {r}, the rank sweep's pick"
+    return f"r = {r}"
+
+
+def sweep_section(s: dict) -> list[str]:
+    """The job's rank sweep: each rank's greedy acceptance, head latency and predicted rho_TPS."""
+    best = "the full head" if s["recommended_rank"] is None else f"r = {s['recommended_rank']}"
+    how = [
+        "calibrated factors" if s.get("calibrated") else "plain truncated SVD",
+        f"the shortlist rerank of the top {s['rerank']}" if s.get("rerank") else "no rerank",
+        "top-1 agreement" if s.get("acceptance") == "greedy" else "expected acceptance",
+    ]
+    lines = [
+        "### Choosing r: the rank sweep",
+        "",
+        f"`slimspec rank-sweep` in the job (held-out continuations `data/heldout/gemma3/`, never trained on;"
+        f" {how[0]}, {how[1]}; acceptance = {how[2]} of the first draft over {s['num_positions']:,}"
+        f" positions; tau from a chain of {s['num_draft_tokens']}; head latency at batch 1 and kappa ="
+        f" {fmt(s['kappa'])} measured in the same run). It picks {best}"
+        f" (predicted rho_TPS {fmt(s['recommended_speedup'])}; ceiling 1 + kappa = {fmt(s['ceiling'])}).",
+        "",
+        "| rank | top-1 | exp. acceptance | tau est. | head ms | nu | rho_tau | predicted rho_TPS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in s["rows"]:
+        lines.append(
+            f"| {'full' if r['rank'] is None else r['rank']} | {fmt(r['top1_agreement'])} "
+            f"| {fmt(r['expected_acceptance'])} | {fmt(r['tau_estimate'])} | {fmt(r['head_ms'], 2)} "
+            f"| {fmt(r['nu'])} | {fmt(r['rho_tau'])} | {fmt(r['predicted_speedup'])} |"
+        )
+    return lines + [""]
+
+
 def gemma_caption(d: dict) -> str:
     """Where and how the large-vocabulary job was measured, in one paragraph."""
     p = d["provenance"]
@@ -470,26 +511,34 @@ def gemma_card_eval_block() -> str:
     return "\n".join(lines)
 
 
+def training_run_lines(rel: str, what: str) -> list[str]:
+    """One training run of the Gemma 3 drafter (``examples/training_record.py``'s JSON): the command
+    and the run's figures."""
+    t = load(rel)
+    return [
+        f"{what} ({t['date']}, {t['machine']}; figures from `results/{rel}`):",
+        "",
+        "```bash",
+        t["command"],
+        "```",
+        "",
+        f"{t['steps_run']} optimizer steps of {t['batch_size']} records of {t['records']:,} "
+        f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
+        f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads "
+        f"({t['tokens_per_s_note']});"
+        f" held-out predicted chain-{t['metric_depth']} tau "
+        f"{fmt(t['score_before'])} before the run, {fmt(t['score_kept'])} at the kept step "
+        f"{t['kept_step']}.",
+    ]
+
+
 def gemma_card_recipe_block() -> str:
-    """The Gemma 3 drafter's training run (its model card): the command and the run's figures."""
-    t = load(GEMMA_TRAINING)
-    return "\n".join(
-        [
-            f"The run ({t['date']}, {t['machine']}; figures from `results/{GEMMA_TRAINING}`):",
-            "",
-            "```bash",
-            t["command"],
-            "```",
-            "",
-            f"{t['steps_run']} optimizer steps of {t['batch_size']} records "
-            f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
-            f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads "
-            f"({t['tokens_per_s_note']});"
-            f" held-out predicted chain-{t['metric_depth']} tau "
-            f"{fmt(t['score_before'])} before training, {fmt(t['score_kept'])} at the kept step "
-            f"{t['kept_step']}.",
-        ]
-    )
+    """The Gemma 3 drafter's training runs (its model card): each command and its figures."""
+    second = (RESULTS / GEMMA_TRAINING_2).exists()
+    lines = training_run_lines(GEMMA_TRAINING, "The first run" if second else "The run")
+    if second:
+        lines += ["", *training_run_lines(GEMMA_TRAINING_2, "Then, from its kept checkpoint, on all data")]
+    return "\n".join(lines)
 
 
 def vllm_bench_block() -> str:
