@@ -42,6 +42,13 @@ DEFAULT_CALIBRATION_NEW_TOKENS = 192
 CALIBRATION_SOURCES = ("target", "human")
 
 
+def check_calibration_source(owner: str, source: str) -> None:
+    """Raises ValueError naming ``owner`` (e.g. ``ConvertConfig.calibration_source``) when ``source``
+    is not one of :data:`CALIBRATION_SOURCES`."""
+    if source not in CALIBRATION_SOURCES:
+        raise ValueError(f"{owner}={source!r}: expected one of {', '.join(CALIBRATION_SOURCES)}")
+
+
 # The built-in calibration set of ``slimspec convert --target T`` without --calibration-data: committed
 # *training* data (data/README.md; never data/eval). The main job calibrates on the same two files.
 TRAIN_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "train"

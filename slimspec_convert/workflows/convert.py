@@ -55,9 +55,9 @@ from slimspec_convert.lowrank.svd import (
 )
 from slimspec_convert.version import __version__
 from slimspec_convert.workflows.calibrate import (
-    CALIBRATION_SOURCES,
     DEFAULT_CALIBRATION_SAMPLES,
     calibrate_from_files,
+    check_calibration_source,
     default_calibration_files,
     head_row_weights,
 )
@@ -128,11 +128,7 @@ class ConvertConfig:
             )
         check_device_name("ConvertConfig", self.device)
         check_run_dtype("ConvertConfig.calibration_dtype", self.calibration_dtype)
-        if self.calibration_source not in CALIBRATION_SOURCES:
-            raise ValueError(
-                f"ConvertConfig.calibration_source={self.calibration_source!r}: expected one of "
-                f"{CALIBRATION_SOURCES}"
-            )
+        check_calibration_source("ConvertConfig.calibration_source", self.calibration_source)
         if self.calibration_samples < 1:
             raise ValueError(f"ConvertConfig.calibration_samples={self.calibration_samples}: expected >= 1")
         if not 0 <= self.calibration_token_weight <= 1:

@@ -46,9 +46,9 @@ from slimspec_convert.targets.forward import resolve_aux_layers
 from slimspec_convert.targets.load import load_target
 from slimspec_convert.version import __version__
 from slimspec_convert.workflows.calibrate import (
-    CALIBRATION_SOURCES,
     DEFAULT_CALIBRATION_SAMPLES,
     calibrate_from_files,
+    check_calibration_source,
     head_row_weights,
 )
 
@@ -103,11 +103,7 @@ class RankSweepConfig:
     def __post_init__(self) -> None:
         if not self.ranks:
             raise ValueError("RankSweepConfig.ranks is empty")
-        if self.calibration_source not in CALIBRATION_SOURCES:
-            raise ValueError(
-                f"RankSweepConfig.calibration_source={self.calibration_source!r}: "
-                f"expected one of {', '.join(CALIBRATION_SOURCES)}"
-            )
+        check_calibration_source("RankSweepConfig.calibration_source", self.calibration_source)
         if self.rerank < 0:
             raise ValueError(f"RankSweepConfig.rerank={self.rerank}: expected >= 0 (0 = no rerank)")
         if self.acceptance not in ACCEPTANCE_KINDS:

@@ -160,6 +160,8 @@ def test_sweep_greedy_acceptance_uses_top1(monkeypatch):
     assert res.acceptance == "greedy" and "top-1 agreement" in rs.sweep_markdown(res)
     with pytest.raises(ValueError, match="acceptance='top5'"):
         RankSweepConfig(acceptance="top5")
+    with pytest.raises(ValueError, match="calibration_source='files': expected one of target, human"):
+        RankSweepConfig(calibration_source="files")
 
 
 def test_sweep_calibrated_rows_are_converts_factors():
