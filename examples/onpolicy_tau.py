@@ -55,8 +55,10 @@ for spec in sys.argv[3:]:
         "path": path,
         "rerank": rerank,
         "predicted": round(ca.predicted_tau, 4),
+        "visited": round(ca.visited_tau, 4),
         "measured": meas and round(meas, 4),
         "pred/meas": meas and round(ca.predicted_tau / meas, 4),
+        "visited/meas": meas and round(ca.visited_tau / meas, 4),
         "a": [round(x, 3) for x in ca.step_rates],
         "seconds": round(time.time() - t0),
     }

@@ -47,7 +47,7 @@ def main() -> None:
         "supervised_tokens": tokens,
         "epochs": steps * ft["batch_size"] / records,
         "train_tokens": round(steps * ft["batch_size"] / records * tokens),
-        "tokens_per_s": log[-1]["tokens_per_s"],
+        "tokens_per_s": [x for x in log if "tokens_per_s" in x][-1]["tokens_per_s"],
         "tokens_per_s_note": "all tokens of each batch (prefix and completion) per second of training steps, "
         "the last resumed segment",
         "threads": args.threads,

@@ -57,6 +57,11 @@ LOG_NAME = "train_log.jsonl"
 
 
 REPORT_NAME = "finetune_report.json"
+# The on-policy selection score: the predicted chain tau over the round starts greedy decoding visits
+# on the target's own held-out answers, which tracks real decoding (the demo Gemma 3 drafter, 16
+# held-out prompts, chain of 3: 1.658 against 1.642 decoded; the mean over every round start, the
+# score before this one, said 1.857).
+ONPOLICY_SCORE_KIND = "on-policy chain tau of the rounds greedy decoding visits"
 
 
 def _lr_lambda(cfg: FinetuneConfig):
@@ -83,9 +88,10 @@ class Trainer:
         pad_id: padding token id.
         teacher_head: with ``cfg.teacher == 'drafter'``, the original dense head [V_d, d] module.
         meta: extra provenance written into the saved drafter's config.
-        scorer: drafter -> an object with ``predicted_tau`` and ``to_dict()`` (the on-policy chain
-            metric, :func:`slimspec_convert.measure.chain_acceptance.chain_acceptance`); when given, it
-            is the selection score (the initial drafter included), else the teacher-forced chain score.
+        scorer: drafter -> an object with ``visited_tau`` and ``to_dict()`` (the on-policy chain
+            metric, :func:`slimspec_convert.measure.chain_acceptance.chain_acceptance`); when given, its
+            ``visited_tau`` (the tau of the rounds real greedy decoding runs on the held-out answers) is
+            the selection score (the initial drafter included), else the teacher-forced chain score.
     """
 
     def __init__(
@@ -399,8 +405,8 @@ class Trainer:
         if self.scorer is not None:
             onpolicy = self.scorer(self.drafter)
             metrics.update(
-                score=onpolicy.predicted_tau,
-                score_kind="on-policy predicted chain tau",
+                score=onpolicy.visited_tau,
+                score_kind=ONPOLICY_SCORE_KIND,
                 onpolicy=onpolicy.to_dict(),
             )
         return metrics
@@ -522,6 +528,13 @@ class Trainer:
                     self.history.append(metrics)
                     if metrics["score"] > self.best["score"]:
                         self._save_best(metrics)
+                    if log:  # a long run shows its held-out scores as it goes, not only in the report
+                        log.write(json.dumps({"step": self.step, "eval": _eval_line(metrics)}) + "\n")
+                        log.flush()
+                        bar.write(
+                            f"step {self.step}: {metrics['score_kind']} {metrics['score']:.4f} "
+                            f"(best {self.best['score']:.4f} at step {self.best['step']})"
+                        )
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                     self.save_checkpoint()
         finally:
@@ -542,6 +555,11 @@ class Trainer:
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())
         return result
+
+
+def _eval_line(metrics: dict) -> dict:
+    """The train log's record of one held-out evaluation: the score and the per-TTT-step KL and top-1."""
+    return {k: metrics[k] for k in ("score", "score_kind", "kl", "top1") if k in metrics}
 
 
 def _first_line(e: BaseException, limit: int = 160) -> str:

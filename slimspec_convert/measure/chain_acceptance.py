@@ -64,8 +64,11 @@ class ChainAcceptance:
         depth: k, drafts per round.
         prefix_rates: p_1..p_k, the share of round starts accepting at least j drafts.
         step_rates: a_1..a_k, acceptance of draft j given drafts < j were accepted.
-        predicted_tau: 1 + sum_j p_j (tokens per verification, bonus included).
+        predicted_tau: 1 + sum_j p_j (tokens per verification, bonus included), over every round start.
         num_positions: round starts averaged.
+        visited_tau: the same over the round starts greedy decoding visits
+            (:func:`visited_round_starts`): the tau real chain decoding of these answers commits.
+        num_visited: those round starts.
     """
 
     depth: int
@@ -73,6 +76,8 @@ class ChainAcceptance:
     step_rates: tuple[float, ...]
     predicted_tau: float
     num_positions: int
+    visited_tau: float
+    num_visited: int
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -308,11 +313,16 @@ def chain_acceptance(
     Raises:
         ValueError: depth < 1, or no answer long enough for one full chain.
     """
-    agree, _ = chain_agreement(drafter, ev, depth, batch_size)
+    agree, starts = chain_agreement(drafter, ev, depth, batch_size)
     if agree.shape[1] == 0:
         raise ValueError(f"no held-out answer is longer than a chain of {depth} drafts")
     prefix, steps, tau = chain_tau_from_agreement(agree)
-    return ChainAcceptance(depth, tuple(prefix), tuple(steps), tau, int(agree.shape[1]))
+    accepted = agree.int().cumprod(0).sum(0)  # [N] drafts each round start accepts
+    visited = visited_round_starts(accepted, starts)
+    visited_tau = 1.0 + float(accepted[visited].float().mean())
+    return ChainAcceptance(
+        depth, tuple(prefix), tuple(steps), tau, int(agree.shape[1]), visited_tau, int(visited.sum())
+    )
 
 
 def measured_chain_tau(

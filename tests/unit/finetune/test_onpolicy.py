@@ -9,7 +9,7 @@ import torch
 
 from finetune.config import FinetuneConfig
 from finetune.run import finetune
-from finetune.train.trainer import Trainer
+from finetune.train.trainer import ONPOLICY_SCORE_KIND, Trainer
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from tests.helpers.eagle3_layouts import save_tiny_target
@@ -19,10 +19,10 @@ from tests.unit.finetune.test_trainer import make_examples
 
 @dataclass
 class _Score:
-    predicted_tau: float
+    visited_tau: float
 
     def to_dict(self) -> dict:
-        return {"predicted_tau": self.predicted_tau}
+        return {"visited_tau": self.visited_tau}
 
 
 def test_selection_keeps_the_initial_drafter_when_every_step_is_worse(tmp_path):
@@ -38,6 +38,8 @@ def test_selection_keeps_the_initial_drafter_when_every_step_is_worse(tmp_path):
                  scorer=lambda d: _Score(next(scores)))  # fmt: skip
     result = tr.run()
     assert [h["score"] for h in result.history] == [2.0, 1.9, 1.7, 1.8]
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["eval"]["score"]) for x in log if "eval" in x] == [(1, 1.9), (2, 1.7), (3, 1.8)]
     assert result.best["step"] == 0
     assert result.extra["selection"]["improved"] is False
     assert result.extra["selection"]["gain"] == 0.0
@@ -66,8 +68,8 @@ def test_onpolicy_finetune_distils_only_what_it_trains_on_and_reports_measured_t
     held = {q for q in questions} - {r["messages"][0]["content"] for r in distilled}
     assert len(held) == 16  # 20 prompts, 4 distilled; the 3 held out are among the rest
     assert all(r["provenance"]["decoding"]["max_new_tokens"] == 12 for r in distilled)
-    assert result.before["score_kind"] == "on-policy predicted chain tau"
-    assert result.before["score"] == result.before["onpolicy"]["predicted_tau"] >= 1.0
+    assert result.before["score_kind"] == ONPOLICY_SCORE_KIND
+    assert result.before["score"] == result.before["onpolicy"]["visited_tau"] >= 1.0
     meas = result.extra["measured"]
     assert (meas["depth"], meas["num_prompts"]) == (3, 2) and meas["initial_tau"] >= 1.0
     report = json.loads((out / "finetune_report.json").read_text())

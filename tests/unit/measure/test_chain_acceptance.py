@@ -137,3 +137,17 @@ def test_the_walk_visits_exactly_the_rounds_of_the_generator(depth):
             t += committed
     assert walked == real
     assert int(visited.sum()) < starts.shape[0] and int(accepted[visited].max()) > 0  # guard: jumps happen
+
+
+def test_chain_acceptance_reports_the_tau_of_the_rounds_real_decoding_visits():
+    target = tiny_target(seed=3, vocab_size=V)
+    drafter = tiny_drafter(seed=1, vocab_size=V, draft_vocab_size=V)
+    rows = greedy_rows(target, [[5, 6, 7, 8], [9, 3, 4], [4, 4, 11, 7, 3]])
+    ev = onpolicy_eval_from_ids(target, rows, AUX)
+    agree, starts = chain_agreement(drafter, ev, 2)
+    accepted = agree.int().cumprod(0).sum(0)
+    visited = visited_round_starts(accepted, starts)
+    ca = chain_acceptance(drafter, ev, 2)
+    assert ca.num_visited == int(visited.sum()) < ca.num_positions  # guard: the walk skips starts
+    assert ca.visited_tau == pytest.approx(1 + float(accepted[visited].float().mean()))
+    assert ca.visited_tau != pytest.approx(ca.predicted_tau)  # guard: the two means differ here
