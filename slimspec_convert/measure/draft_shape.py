@@ -274,6 +274,13 @@ def candidate_shapes(top_k_max: int) -> list[DraftConfig]:
     return out
 
 
+def default_calibration_file(chat: bool) -> Path:
+    """The held-out training prompts ``--draft auto`` plans on without ``--auto-prompts``:
+    :data:`HELDOUT_PROMPTS` for a chat target, :data:`HELDOUT_COMPLETION_PROMPTS` for one driven with
+    completion prompts (never evaluation prompts: data/README.md)."""
+    return HELDOUT_PROMPTS if chat else HELDOUT_COMPLETION_PROMPTS
+
+
 def calibration_prompts(
     path: str | Path | None = None, num: int = AUTO_CALIBRATION_PROMPTS, chat: bool = True
 ) -> list[str]:
@@ -296,7 +303,7 @@ def calibration_prompts(
     """
     if num < 1:
         raise ValueError(f"calibration prompts: num={num}, expected >= 1")
-    default = HELDOUT_PROMPTS if chat else HELDOUT_COMPLETION_PROMPTS
+    default = default_calibration_file(chat)
     if path is None and not default.is_file():
         raise FileNotFoundError(
             f"--draft auto: the held-out calibration prompts {default} are missing (they ship with "

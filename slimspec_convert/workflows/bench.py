@@ -12,7 +12,7 @@ from slimspec_convert.checkpoint.load import load_drafter_with_target_embeddings
 from slimspec_convert.checkpoint.names import CONFIG_NAME, SLIMSPEC_SECTION
 from slimspec_convert.decoding.config import AUTO_DRAFT
 from slimspec_convert.decoding.prompts import load_prompts, prompt_kinds
-from slimspec_convert.measure.draft_shape import HELDOUT_COMPLETION_PROMPTS, HELDOUT_PROMPTS
+from slimspec_convert.measure.draft_shape import default_calibration_file
 from slimspec_convert.measure.e2e import BenchE2EConfig, E2EResult, run_e2e
 from slimspec_convert.measure.head_latency import PAPER_HEAD_SHAPES
 from slimspec_convert.measure.plots import plot_predicted_vs_measured
@@ -142,7 +142,7 @@ def bench_e2e(
         except ValueError as e:
             raise ValueError(f"--rerank {name}={k}: {dict(cfg.drafters)[name]}: {e}") from e
     result = run_e2e(model, tokenizer, drafters, prompts, cfg, progress, kinds=kinds)
-    default = HELDOUT_PROMPTS if cfg.chat else HELDOUT_COMPLETION_PROMPTS
+    default = default_calibration_file(cfg.chat)
     held_out = default.relative_to(default.parents[2])  # data/heldout/<file>.jsonl
     calibration = "none" if cfg.draft_method != AUTO_DRAFT else (cfg.auto_prompts or str(held_out))
     where = f"the first {len(prompts)} of {prompts_path}; draft shapes planned on {calibration}"

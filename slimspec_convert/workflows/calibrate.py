@@ -183,8 +183,7 @@ def calibrate_from_files(
 
     if samples < 1:
         raise ValueError(f"--calibration-samples={samples}: expected >= 1")
-    if source not in CALIBRATION_SOURCES:
-        raise ValueError(f"--calibration-source={source!r}: expected one of {CALIBRATION_SOURCES}")
+    check_calibration_source("--calibration-source", source)
     model, tok = load_target(target, dtype, device)
     drafter, _ = load_drafter(src, target=model)
     g = torch.Generator().manual_seed(seed)
