@@ -21,6 +21,8 @@
 # Usage: bash examples/gemma3_job.sh [OUT_DIR]
 #   env: DRAFTER (drafters/gemma3-270m-eagle3), PER_KIND (3 prompts of each kind), MAX_NEW_TOKENS (64),
 #        FT_STEPS (30), RANK (the sweep's pick; d/8 = 80 when it keeps the full head), RERANK (64),
+#        REPEATS (2: each benchmark runs every prompt and drafter that many times, interleaved, and keeps
+#        the fastest, so that a burst of other work on the machine does not land in one row),
 #        RESULTS (a folder, e.g. results/gemma3: copy the two runs' JSON there, the sweep's JSON,
 #        without their token lists, and the plot)
 set -euo pipefail
@@ -32,6 +34,7 @@ PER_KIND=${PER_KIND:-3}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 FT_STEPS=${FT_STEPS:-30}
 RERANK=${RERANK:-64}
+REPEATS=${REPEATS:-2}
 DATA=(data/train/gemma3/completions-000.jsonl.gz data/train/gemma3/completions-001.jsonl.gz)
 mkdir -p "$OUT"
 
@@ -76,11 +79,12 @@ export SLIMSPEC_JOB="bash examples/gemma3_job.sh${*:+ $*}"  # cited by the resul
 drafters=(--drafter full="$DRAFTER" --drafter trim32k="$OUT/trim32k" --drafter slimspec="$SLIM-ft"
   --drafter slimspec-rerank="$SLIM-ft" --rerank slimspec-rerank="$RERANK" --reference full)
 slimspec bench e2e --target "$TARGET" --prompts "$OUT/prompts.jsonl" "${drafters[@]}" --lookup-row 3 \
-  --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts $((4 * PER_KIND)) --out "$OUT/e2e" --force
+  --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts $((4 * PER_KIND)) --repeats "$REPEATS" --out "$OUT/e2e" --force
 
 echo "== 7/7 bench e2e at one shape (chain-3, no lookup): the cost model's check [${SECONDS} s]"
 slimspec bench e2e --target "$TARGET" --prompts "$OUT/prompts.jsonl" "${drafters[@]}" --draft chain \
-  --depth 3 --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts $((4 * PER_KIND)) --out "$OUT/e2e-chain3" --force
+  --depth 3 --max-new-tokens "$MAX_NEW_TOKENS" --max-prompts $((4 * PER_KIND)) --repeats "$REPEATS" \
+  --out "$OUT/e2e-chain3" --force
 if [ -n "${RESULTS:-}" ]; then  # the committed copies the docs are generated from (python scripts/make_docs.py)
   mkdir -p "$RESULTS"
   python - "$OUT" "$RESULTS" <<'PY'
