@@ -44,7 +44,8 @@ GEMMA_CHAIN3 = "gemma3/job_chain3.json"
 GEMMA_TITLE = "Gemma 3 270M (V = 262,144): the large-vocabulary job"
 GEMMA_SWEEP = "gemma3/rank_sweep.json"  # the job's rank sweep (slimspec rank-sweep)
 GEMMA_TRAINING = "gemma3/drafter_training.json"  # the demo drafter's train-drafter run
-GEMMA_TRAINING_2 = "gemma3/drafter_finetune.json"  # its continuation (slimspec finetune), when it ran
+# its continuations (slimspec finetune), each from the previous run's kept checkpoint, where they ran
+GEMMA_CONTINUATIONS = ("gemma3/drafter_finetune.json", "gemma3/drafter_finetune2.json")
 GEMMA_CARD = ROOT / "drafters" / "gemma3-270m-eagle3" / "README.md"
 
 
@@ -526,7 +527,7 @@ def training_run_lines(rel: str, what: str) -> list[str]:
         f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
         f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads "
         f"({t['tokens_per_s_note']});"
-        f" held-out predicted chain-{t['metric_depth']} tau "
+        f" held-out selection score ({t['score_kind']}, chain of {t['metric_depth']}) "
         f"{fmt(t['score_before'])} before the run, {fmt(t['score_kept'])} at the kept step "
         f"{t['kept_step']}.",
     ]
@@ -534,10 +535,10 @@ def training_run_lines(rel: str, what: str) -> list[str]:
 
 def gemma_card_recipe_block() -> str:
     """The Gemma 3 drafter's training runs (its model card): each command and its figures."""
-    second = (RESULTS / GEMMA_TRAINING_2).exists()
-    lines = training_run_lines(GEMMA_TRAINING, "The first run" if second else "The run")
-    if second:
-        lines += ["", *training_run_lines(GEMMA_TRAINING_2, "Then, from its kept checkpoint, on all data")]
+    more = [rel for rel in GEMMA_CONTINUATIONS if (RESULTS / rel).exists()]
+    lines = training_run_lines(GEMMA_TRAINING, "The first run" if more else "The run")
+    for rel in more:
+        lines += ["", *training_run_lines(rel, "Then, from the previous run's kept checkpoint")]
     return "\n".join(lines)
 
 
