@@ -1,10 +1,36 @@
 """What a training run returns and writes to ``OUT/finetune_report.json``: metrics before and at the kept
-checkpoint, the selection and (on-policy runs) the measured tau, with a readable summary."""
+checkpoint, the selection and (on-policy runs) the measured tau, with a readable summary; and each
+held-out evaluation as the run goes (``OUT/train_log.jsonl``)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
+
+from tqdm.auto import tqdm
+
+# The on-policy selection score: the predicted chain tau over the round starts greedy decoding visits
+# on the target's own held-out answers, which tracks real decoding (the demo Gemma 3 drafter, 16
+# held-out prompts, chain of 3: 1.658 against 1.642 decoded; the mean over every round start, the
+# score before this one, said 1.857).
+ONPOLICY_SCORE_KIND = "on-policy chain tau of the rounds greedy decoding visits"
+
+
+def log_evaluation(log: TextIO | None, step: int, metrics: dict[str, Any], best: dict[str, Any]) -> None:
+    """Append one held-out evaluation (score, per-TTT-step KL and top-1) to the open train log as
+    ``{"step", "eval"}`` and print it on stderr above the progress bar; ``log`` None (ranks > 0): nothing."""
+    if log is None:
+        return
+    line = {k: metrics[k] for k in ("score", "score_kind", "kl", "top1") if k in metrics}
+    log.write(json.dumps({"step": step, "eval": line}) + "\n")
+    log.flush()
+    tqdm.write(
+        f"step {step}: {metrics['score_kind']} {metrics['score']:.4f} "
+        f"(best {best['score']:.4f} at step {best['step']})",
+        file=sys.stderr,
+    )
 
 
 @dataclass

@@ -37,7 +37,7 @@ from finetune.train.loss import (
     ttt_weights,
 )
 from finetune.train.params import export_drafter, set_trainable
-from finetune.train.report import TrainResult
+from finetune.train.report import ONPOLICY_SCORE_KIND, TrainResult, log_evaluation
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.checkpoint.save import save_drafter
 from slimspec_convert.data.examples import Example, batch_indices, collate, token_counts
@@ -49,19 +49,9 @@ from slimspec_convert.targets.forward import target_forward, target_logits_at
 
 logger = logging.getLogger(__name__)
 
-
 STATE_NAME = "training_state.pt"
-
-
 LOG_NAME = "train_log.jsonl"
-
-
 REPORT_NAME = "finetune_report.json"
-# The on-policy selection score: the predicted chain tau over the round starts greedy decoding visits
-# on the target's own held-out answers, which tracks real decoding (the demo Gemma 3 drafter, 16
-# held-out prompts, chain of 3: 1.658 against 1.642 decoded; the mean over every round start, the
-# score before this one, said 1.857).
-ONPOLICY_SCORE_KIND = "on-policy chain tau of the rounds greedy decoding visits"
 
 
 def _lr_lambda(cfg: FinetuneConfig):
@@ -528,13 +518,7 @@ class Trainer:
                     self.history.append(metrics)
                     if metrics["score"] > self.best["score"]:
                         self._save_best(metrics)
-                    if log:  # a long run shows its held-out scores as it goes, not only in the report
-                        log.write(json.dumps({"step": self.step, "eval": _eval_line(metrics)}) + "\n")
-                        log.flush()
-                        bar.write(
-                            f"step {self.step}: {metrics['score_kind']} {metrics['score']:.4f} "
-                            f"(best {self.best['score']:.4f} at step {self.best['step']})"
-                        )
+                    log_evaluation(log, self.step, metrics, self.best)
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                     self.save_checkpoint()
         finally:
@@ -555,11 +539,6 @@ class Trainer:
         if self.rank == 0:
             atomic_write_json(self.out / REPORT_NAME, result.to_dict())
         return result
-
-
-def _eval_line(metrics: dict) -> dict:
-    """The train log's record of one held-out evaluation: the score and the per-TTT-step KL and top-1."""
-    return {k: metrics[k] for k in ("score", "score_kind", "kl", "top1") if k in metrics}
 
 
 def _first_line(e: BaseException, limit: int = 160) -> str:

@@ -9,7 +9,8 @@ import torch
 
 from finetune.config import FinetuneConfig
 from finetune.run import finetune
-from finetune.train.trainer import ONPOLICY_SCORE_KIND, Trainer
+from finetune.train.report import ONPOLICY_SCORE_KIND
+from finetune.train.trainer import Trainer
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
 from tests.helpers.eagle3_layouts import save_tiny_target
