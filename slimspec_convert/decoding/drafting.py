@@ -184,8 +184,12 @@ class DrafterRunner:
         self.times.drafter_backbone_ms += clock_ms(self.device) - t0
         return self._watch("drafter fc", g)
 
-    def logits(self, h: Tensor) -> Tensor:
-        """Draft-vocabulary logits [..., V_d] float32; the lm_head is timed on its own."""
+    def logits(self, h: Tensor, watch: bool = True) -> Tensor:
+        """Draft-vocabulary logits [..., V_d] float32; the lm_head is timed on its own.
+
+        ``watch=False`` leaves the NaN/inf check to the caller (:meth:`greedy_ids` checks the
+        maxima only: one pass over a 262k-wide row instead of two).
+        """
         t0 = clock_ms(self.device)
         z = self.drafter.norm(h)
         t1 = clock_ms(self.device)
@@ -193,7 +197,19 @@ class DrafterRunner:
         t2 = clock_ms(self.device)
         self.times.drafter_backbone_ms += t1 - t0
         self.times.drafter_head_ms += t2 - t1
-        return self._watch("drafter lm_head", out).float()
+        return (self._watch("drafter lm_head", out) if watch else out).float()
+
+    def greedy_ids(self, h: Tensor) -> Tensor:
+        """Argmax draft-vocabulary ids [...] int64 of the logits of ``h`` [..., d].
+
+        The NaN/inf watch looks at the row maxima: ``max`` propagates NaN, so a NaN anywhere in a
+        row, a +inf, or a row of -inf is caught, while a -inf among finite logits (which no argmax
+        picks) is not. On a 262k-vocabulary head this saves a second pass over each row (about
+        0.2 ms a draft step on 2 CPU cores).
+        """
+        top = self.logits(h, watch=False).max(dim=-1)
+        self._watch("drafter lm_head", top.values)
+        return top.indices
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """Tree scores: log of the drafting distribution (raw softmax when greedy), <= 0."""
@@ -252,13 +268,12 @@ class DrafterRunner:
         h = h_last
         ids, qs = [], []
         for i in range(k):
-            logits = self.logits(h)  # [B, V_d]
             if uniforms is None:
-                idx = logits.argmax(-1)
+                idx = self.greedy_ids(h)  # [B]
             else:
                 q = process_logits(
-                    logits, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k
-                )
+                    self.logits(h), self.sampling.temperature, self.sampling.top_p, self.sampling.top_k
+                )  # [B, V_d]
                 idx = sample_from_probs(q, uniforms[:, i])
                 qs.append(self.scatter_probs(q))
             tok = self.to_target(idx)
