@@ -32,7 +32,8 @@ class GenerationStats:
         tokens_per_s: new_tokens / wall time.
         wall_ms: from the batch's start to the end of this row's last round.
         target_ms, drafter_backbone_ms, drafter_head_ms: time inside target forwards, drafter
-            backbone (fc, decoder layers, final norm) and drafter lm_head.
+            backbone (fc, decoder layers, final norm) and drafter lm_head (with the greedy
+            chain's pick over its rows).
         overhead_ms: the rest (the loop's own work).
         committed_per_cycle: tokens committed by each round (after stop / budget truncation).
         draft, sampling: the configs used; batch_size: prompts decoded together.

@@ -12,6 +12,8 @@ in the same run:
 
 * ``kappa = head_ms / (wall_ms - head_ms)`` of the reference (whole run, prefill included, so that it
   matches the measured tokens/s ratio it predicts);
+* ``head_ms``: the drafter's lm_head (its product, a rerank's rescoring, and in greedy chains the
+  pick over its rows, whose cost grows with the rows as the product's does);
 * ``nu = (head_ms / rounds)_new / (head_ms / rounds)_ref``: both drafters use the same draft shape, so
   head calls per round are equal and this is the per-call ratio;
 * ``rho_tau = tau_new / tau_ref``; predicted ``rho_TPS`` (SlimSpec section 3) beside the measured
