@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from slimspec_convert.lowrank.svd import Factorization
+from slimspec_convert.model.vocab_pick import block_topk
 
 DEFAULT_RERANK_CONTEXT = 512  # distinct sequence tokens a rerank rescores too: + 512 d per token
 
@@ -123,7 +124,7 @@ class LowRankHead(nn.Module):
         if self._rerank is None or self.training:
             return z
         k, rows = self._rerank
-        idx = z.topk(k, dim=-1).indices  # [..., k]
+        idx = block_topk(z, k)[1]  # [..., k], torch.topk's entries (vocab_pick.py)
         w = rows.weight[idx].to(hidden.dtype)  # [..., k, d]
         exact = torch.matmul(w, hidden.unsqueeze(-1)).squeeze(-1)  # [..., k]
         z = z.scatter(-1, idx, exact.to(z.dtype))
