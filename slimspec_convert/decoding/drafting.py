@@ -21,7 +21,7 @@ from slimspec_convert.devices import clock_ms, module_device
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.head import LowRankHead
 from slimspec_convert.model.kv_cache import DraftKVCache
-from slimspec_convert.model.vocab_pick import block_max
+from slimspec_convert.model.vocab_pick import block_max, block_topk
 
 STAGES = ("target aux states", "drafter fc", "drafter decoder layer", "drafter lm_head")  # pipeline order
 
@@ -325,13 +325,12 @@ class DrafterRunner:
         K, D = self.draft.top_k, self.draft.depth
         B, dev = h_last.shape[0], h_last.device
         S = cache.length()
-        lp = self.log_probs(self.logits(h_last))  # [B, V_d]
-        top = lp.topk(K, dim=-1)
-        tokens, scores = [self.to_target(top.indices)], [top.values]
+        top_values, top_ids = block_topk(self.log_probs(self.logits(h_last)), K)  # [B, K] each
+        tokens, scores = [self.to_target(top_ids)], [top_values]
         parents = [torch.full((B, K), -1, dtype=torch.long, device=dev)]
         depths = [torch.ones(K, dtype=torch.long, device=dev)]
         fed = torch.arange(K, device=dev).expand(B, K)  # candidate ids of the nodes fed next
-        fed_scores = top.values  # [B, K]
+        fed_scores = top_values  # [B, K]
         fed_tokens = tokens[0]
         hidden = self.drafter.next_hidden(h_last)[:, None].expand(B, K, h_last.shape[-1])
         anc = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # fed node -> earlier draft slots it may see
@@ -344,9 +343,9 @@ class DrafterRunner:
             mask = torch.cat([prefix.expand(B, K, S), anc, eye], dim=-1)[:, None]  # [B, 1, K, S + ...]
             pos = (root_pos + level - 2)[:, None].expand(B, K)
             h = self.forward(fed_tokens, hidden, pos, cache, mask)  # [B, K, d]
-            child = self.log_probs(self.logits(h)).topk(K, dim=-1)  # [B, K, K]
-            cand_scores = (fed_scores[:, :, None] + child.values).reshape(B, K * K)
-            tokens.append(self.to_target(child.indices).reshape(B, K * K))
+            child_values, child_ids = block_topk(self.log_probs(self.logits(h)), K)  # [B, K, K] each
+            cand_scores = (fed_scores[:, :, None] + child_values).reshape(B, K * K)
+            tokens.append(self.to_target(child_ids).reshape(B, K * K))
             scores.append(cand_scores)
             parents.append(fed[:, :, None].expand(B, K, K).reshape(B, K * K))
             depths.append(torch.full((K * K,), level, dtype=torch.long, device=dev))
