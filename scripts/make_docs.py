@@ -45,7 +45,11 @@ GEMMA_TITLE = "Gemma 3 270M (V = 262,144): the large-vocabulary job"
 GEMMA_SWEEP = "gemma3/rank_sweep.json"  # the job's rank sweep (slimspec rank-sweep)
 GEMMA_TRAINING = "gemma3/drafter_training.json"  # the demo drafter's train-drafter run
 # its continuations (slimspec finetune), each from the previous run's kept checkpoint, where they ran
-GEMMA_CONTINUATIONS = ("gemma3/drafter_finetune.json", "gemma3/drafter_finetune2.json")
+GEMMA_CONTINUATIONS = (
+    "gemma3/drafter_finetune.json",
+    "gemma3/drafter_finetune2.json",
+    "gemma3/drafter_finetune3.json",
+)
 GEMMA_CARD = ROOT / "drafters" / "gemma3-270m-eagle3" / "README.md"
 
 
