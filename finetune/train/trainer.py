@@ -229,9 +229,10 @@ class Trainer:
         per batch instead of once per step.
         """
         need = shift_left(loss_mask.bool(), 1, False)  # q: token q + 1 supervised
-        if out.final_lse is not None and self.loss_ids is not None and self.cfg.teacher_temperature == 1.0:
-            dtype = torch.bfloat16 if self.bf16_heads else self.target_head.weight.dtype  # stored normaliser:
-            return self.features.loss_vocab_reference(out, need, self.loss_ids, dtype)  # loss rows only
+        if out.final_lse is not None and self.loss_ids is not None:  # stored normaliser: loss rows only
+            dtype = torch.bfloat16 if self.bf16_heads else self.target_head.weight.dtype
+            t = self.cfg.teacher_temperature
+            return self.features.loss_vocab_reference(out, need, self.loss_ids, dtype, t)
         b, t = need.nonzero(as_tuple=True)
         return reference_rows(
             self._sharpen(self._target_logits(out.final_hidden[b, t])),

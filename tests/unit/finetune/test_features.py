@@ -65,3 +65,31 @@ def test_stored_log_normaliser_gives_the_loss_vocab_reference_from_its_rows_alon
     b = [cached.train_step()[0] for _ in range(3)]
     assert calls == [] and b == pytest.approx(a, rel=2e-2)  # bf16 storage of the features
     assert b != a  # guard: the cached path really ran
+
+
+@pytest.mark.parametrize("loss_vocab", [48, 128])
+def test_tempered_loss_vocab_reference_lies_between_exact_and_renormalised(tmp_path, loss_vocab):
+    """--teacher-temperature 0.5 with the cache: the reference on the ids rows lies between the exact
+    softmax(logits / T)[ids] and the same renormalised over ids (the T = 1 tail outside ids spread
+    evenly), equals the exact one when ids is the whole vocabulary (V = 128), and the full head
+    product never runs."""
+    kw = dict(steps=1, train="body", bf16_autocast=False, loss_vocab=loss_vocab, teacher_temperature=0.5)
+    tr = make_trainer(tmp_path / "c", feature_cache=str(tmp_path / "f"), **kw)
+    tr.prepare_features()
+    examples = tr._local_examples(0, 0)
+    batch = tr._local_batch(0, 0)
+    out = tr._target(batch, examples)
+    where = batch["loss_mask"].bool()
+    b, t = where.nonzero(as_tuple=True)
+    with torch.no_grad():
+        logits = tr._target_logits(out.final_hidden[b, t]) / 0.5
+    exact = torch.log_softmax(logits, -1)[:, tr.loss_ids].exp()
+    renormalised = torch.softmax(logits[:, tr.loss_ids], -1)
+    tr._target_logits = lambda x: pytest.fail("the full head product ran")
+    got = tr.features.loss_vocab_reference(out, where, tr.loss_ids, torch.float32, 0.5).probs
+    assert got.shape == exact.shape == (len(b), loss_vocab)
+    assert bool((got >= exact * (1 - 1e-4)).all()) and bool((got <= renormalised * (1 + 1e-4)).all())
+    if loss_vocab == 128:
+        torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-8)
+    else:  # guard: the tail outside the 48 rows is neither dropped nor ignored
+        assert float((got - exact).abs().max()) > 1e-3 and float((renormalised - got).abs().max()) > 1e-3
