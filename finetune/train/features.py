@@ -219,10 +219,11 @@ class FeatureCache:
         b, t = where.nonzero(as_tuple=True)
         logits = target_logits_at(
             self.target, out.final_hidden[b, t], head=lambda x: F.linear(x.to(dtype), rows)
-        ).float()
+        )
         lse = out.final_lse[b, t, None]
         if temperature == 1.0:
-            return reference_rows_from_logp(logits - lse, where)
+            return reference_rows_from_logp(logits - lse, where)  # float32 (lse's), one [M, n] tensor
+        logits = logits.float()
         log_in = (logits - lse).logsumexp(-1, keepdim=True).clamp_max(0.0)  # log sum_ids p, T = 1
         log_out = torch.log(-torch.expm1(log_in)).clamp_min(-1e4)  # log m_out (-1e4: nothing outside)
         n_out = max(w.shape[0] - ids.numel(), 1)
