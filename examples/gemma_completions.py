@@ -2,13 +2,16 @@
 
 Gemma 3 270M (``slimspec fetch gemma3-270m``) is a base model without a chat template, so its drafter
 learns on completions: a prefix cut from a training-side text (``data/train/``: never ``data/eval/``)
-after ``<bos>``, and the target's greedy continuation. Four kinds of text:
+after ``<bos>``, and the target's greedy continuation. Five kinds of text:
 
 * ``prose``: OpenAssistant ``en_100_tree`` messages and GPTeacher roleplay responses;
 * ``code``: GPTeacher codegen responses (several programming languages);
 * ``math``: GSM8K train questions with the start of their worked answer;
 * ``translate``: an English training-side sentence and "French:" (German, Spanish, ...), so the
-  target writes other languages (the repository ships no training text in other languages).
+  target writes other languages (the repository ships no training text in other languages);
+* ``pyfunc``: a Python function's signature and docstring from the running interpreter's standard
+  library (PSF-2.0; ``test`` packages and ``idlelib`` left out), so the target writes the body: code
+  in the form of a docstring-first prompt, which the GPTeacher responses rarely take.
 
 Every source item is assigned to ``train`` or ``heldout`` by a hash of its source and index (5% held
 out); ``--heldout N`` writes N held-out prompts per kind as ``{"prompt", "kind", ...}`` lines (the
@@ -59,6 +62,7 @@ LANGUAGES = (
     "Russian",
 )
 KINDS = ("prose", "code", "math", "translate")
+ALL_KINDS = (*KINDS, "pyfunc")  # pyfunc came later: the first four keep their plan and held-out file
 HELDOUT_PERCENT = 5
 
 
@@ -85,6 +89,48 @@ def _oasst_texts(path: Path) -> list[str]:
     return out
 
 
+def _stdlib_functions() -> list[tuple[str, list[str]]]:
+    """(``pythonX.Y-stdlib/<file>``, its functions' signature-and-docstring prefixes), files sorted.
+
+    A prefix is a function's ``def`` line(s) and docstring, dedented to column 0, ending in a newline
+    (the form of a docstring-first prompt); a function qualifies with a docstring of 40-600
+    characters and at least 3 body lines after it.
+    """
+    import ast
+    import sysconfig
+    import textwrap
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    tag = f"python{sys.version_info.major}.{sys.version_info.minor}-stdlib"
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("test", "idlelib", "site-packages", "lib2to3") or "tests" in rel.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = text.splitlines()
+        texts = []
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            doc = ast.get_docstring(node, clean=False)
+            first = node.body[0]
+            if doc is None or not 40 <= len(doc) <= 600 or node.end_lineno - first.end_lineno < 3:
+                continue
+            head = "\n".join(lines[node.lineno - 1 : first.end_lineno])
+            text = textwrap.dedent(head)
+            if text[:1].isspace():  # a docstring line left of the def: strip the def's indent alone
+                text = "\n".join(re.sub(rf"^\s{{0,{node.col_offset}}}", "", x) for x in head.split("\n"))
+            texts.append(text + "\n")
+        if texts:
+            out.append((f"{tag}/{rel.as_posix()}", texts))
+    return out
+
+
 def sources() -> dict[str, list[tuple[str, list[str]]]]:
     """Per kind, (source file, its texts in file order)."""
     gpt = TRAIN / "gpteacher"
@@ -100,6 +146,7 @@ def sources() -> dict[str, list[tuple[str, list[str]]]]:
         "code": [(_rel(codegen), code_texts)],
         "math": [(_rel(gsm), [json.dumps([r["question"], r["answer"]]) for r in gsm_recs])],
         "translate": [(_rel(oasst), _oasst_texts(oasst)), (_rel(roleplay), role_texts)],
+        "pyfunc": _stdlib_functions(),
     }
 
 
@@ -111,6 +158,8 @@ def _cut_at_space(text: str, at: int) -> int:
 
 def make_prefix(kind: str, text: str, rng: random.Random) -> tuple[str, int] | None:
     """(prefix, cut) for one source text, None when the text does not suit the kind."""
+    if kind == "pyfunc":
+        return text, len(text)
     if kind == "math":
         question, answer = json.loads(text)
         cut = _cut_at_space(answer, rng.randint(0, len(answer) // 2)) if rng.random() < 0.6 else 0
@@ -128,10 +177,12 @@ def make_prefix(kind: str, text: str, rng: random.Random) -> tuple[str, int] | N
     return text[:cut].rstrip(), cut  # never end on whitespace (a split token)
 
 
-def plan(split: str, seed: int) -> list[dict]:
-    """Every (kind, source, index) of ``split`` with its prefix, kinds interleaved in a seeded order."""
+def plan(split: str, seed: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
+    """Every (kind, source, index) of ``split`` with its prefix, ``kinds`` interleaved in a seeded order."""
     per_kind = {}
     for kind, files in sources().items():
+        if kind not in kinds:
+            continue
         items = []
         for source, texts in files:
             for index, text in enumerate(texts):
@@ -203,12 +254,12 @@ def open_piece(out: Path, piece_records: int) -> tuple[Path, int]:
     return out / f"completions-{max(numbers, default=-1) + 1:03d}.jsonl", 0
 
 
-def write_heldout(path: Path, per_kind: int, seed: int) -> None:
-    items = plan("heldout", seed)
-    chosen = {k: [x for x in items if x["kind"] == k][:per_kind] for k in KINDS}
-    with open(path, "w", encoding="utf-8") as f:  # kinds interleaved: the first N prompts cover all four
+def write_heldout(path: Path, per_kind: int, seed: int, kinds: tuple[str, ...] = KINDS) -> None:
+    items = plan("heldout", seed, kinds)
+    chosen = {k: [x for x in items if x["kind"] == k][:per_kind] for k in kinds}
+    with open(path, "w", encoding="utf-8") as f:  # kinds interleaved: the first N prompts cover all
         for i in range(per_kind):
-            for k in KINDS:
+            for k in kinds:
                 x = chosen[k][i]
                 rec = {"prompt": x["prefix"], "kind": k, "source": x["source"], "index": x["index"]}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -235,11 +286,20 @@ def main() -> None:
     ap.add_argument("--seal", action="store_true", help="gzip the open piece and stop")
     ap.add_argument("--heldout", type=int, default=0, help="write N held-out prompts per kind and stop")
     ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"comma-separated kinds to plan, of {', '.join(ALL_KINDS)} (default: the first four)",
+    )
+    ap.add_argument(
         "--heldout-out", type=Path, default=REPO / "data" / "heldout" / "gemma3-completions.jsonl"
     )
     args = ap.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        ap.error(f"--kinds: unknown kind(s) {unknown or args.kinds!r}; choose from {', '.join(ALL_KINDS)}")
     if args.heldout:
-        write_heldout(args.heldout_out, args.heldout, args.seed)
+        write_heldout(args.heldout_out, args.heldout, args.seed, kinds)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if args.seal:
@@ -258,7 +318,7 @@ def main() -> None:
     decoding = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0, "dtype": args.dtype}
     done = done_keys(args.out)
     todo = []
-    for x in plan(args.split, args.seed)[: args.num]:
+    for x in plan(args.split, args.seed, kinds)[: args.num]:
         if f"{x['kind']}:{x['source']}:{x['index']}" in done:
             continue
         n = len(tok(x["prefix"])["input_ids"])
