@@ -1,19 +1,17 @@
 """scripts/make_docs.py: the generated pages equal what the committed results JSON gives, byte for byte."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _make_docs():
-    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "scripts" / "make_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/make_docs.py")
 
 
 def test_committed_pages_equal_their_regeneration(capsys):

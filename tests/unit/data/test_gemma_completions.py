@@ -2,24 +2,19 @@
 stdlib ``pyfunc`` prefixes are whole signatures with docstrings, split by hash, and no evaluation prompt."""
 
 import ast
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 from slimspec_convert.data.distill import eval_prompt_index, normalise
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "gemma_completions", ROOT / "examples" / "gemma_completions.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/gemma_completions.py")
 
 
 def test_the_four_kind_heldout_file_is_unchanged_by_the_pyfunc_kind(tmp_path):

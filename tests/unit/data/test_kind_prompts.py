@@ -1,22 +1,17 @@
 """data/eval/kinds: examples/make_kind_prompts.py rebuilds the committed files byte for byte, and every
 prompt counts as an evaluation prompt (distill and the fine-tune refuse it, naming its upstream)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 from slimspec_convert.data.distill import eval_prompt_index, normalise
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "make_kind_prompts", ROOT / "examples" / "make_kind_prompts.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/make_kind_prompts.py")
 
 
 def test_the_committed_kind_prompts_are_what_the_script_builds():
