@@ -10,8 +10,9 @@ after ``<bos>``, and the target's greedy continuation. Five kinds of text:
 * ``translate``: an English training-side sentence and "French:" (German, Spanish, ...), so the
   target writes other languages (the repository ships no training text in other languages);
 * ``pyfunc``: a Python function's signature and docstring from the running interpreter's standard
-  library (PSF-2.0; ``test`` packages and ``idlelib`` left out), so the target writes the body: code
-  in the form of a docstring-first prompt, which the GPTeacher responses rarely take.
+  library (PSF-2.0; ``test``, ``idlelib``, ``lib2to3`` and installed packages left out), so the
+  target writes the body: code in the form of a docstring-first prompt, which the GPTeacher
+  responses rarely take (``--kinds pyfunc``; the default plans the first four).
 
 Every source item is assigned to ``train`` or ``heldout`` by a hash of its source and index (5% held
 out); ``--heldout N`` writes N held-out prompts per kind as ``{"prompt", "kind", ...}`` lines (the
