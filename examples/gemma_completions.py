@@ -132,8 +132,8 @@ def _stdlib_functions() -> list[tuple[str, list[str]]]:
     return out
 
 
-def sources() -> dict[str, list[tuple[str, list[str]]]]:
-    """Per kind, (source file, its texts in file order)."""
+def sources(kinds: tuple[str, ...] = ALL_KINDS) -> dict[str, list[tuple[str, list[str]]]]:
+    """Per kind of ``kinds``, (source file, its texts in file order); the stdlib is read only for pyfunc."""
     gpt = TRAIN / "gpteacher"
     roleplay = gpt / "roleplay-simple-deduped-roleplay-instruct.json"
     codegen = gpt / "codegen-instruct.json"
@@ -142,13 +142,15 @@ def sources() -> dict[str, list[tuple[str, list[str]]]]:
     role_texts = [r["response"] for r in json.loads(roleplay.read_text())]
     code_texts = [r["response"] for r in json.loads(codegen.read_text())]
     gsm_recs = [json.loads(x) for x in gsm.read_text().splitlines() if x.strip()]
-    return {
+    out = {
         "prose": [(_rel(oasst), _oasst_texts(oasst)), (_rel(roleplay), role_texts)],
         "code": [(_rel(codegen), code_texts)],
         "math": [(_rel(gsm), [json.dumps([r["question"], r["answer"]]) for r in gsm_recs])],
         "translate": [(_rel(oasst), _oasst_texts(oasst)), (_rel(roleplay), role_texts)],
-        "pyfunc": _stdlib_functions(),
     }
+    if "pyfunc" in kinds:
+        out["pyfunc"] = _stdlib_functions()
+    return {k: v for k, v in out.items() if k in kinds}
 
 
 def _cut_at_space(text: str, at: int) -> int:
@@ -181,9 +183,7 @@ def make_prefix(kind: str, text: str, rng: random.Random) -> tuple[str, int] | N
 def plan(split: str, seed: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
     """Every (kind, source, index) of ``split`` with its prefix, ``kinds`` interleaved in a seeded order."""
     per_kind = {}
-    for kind, files in sources().items():
-        if kind not in kinds:
-            continue
+    for kind, files in sources(kinds).items():
         items = []
         for source, texts in files:
             for index, text in enumerate(texts):
