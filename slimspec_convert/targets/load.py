@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,12 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from slimspec_convert.devices import resolve_device, resolve_dtype
+from slimspec_convert.devices import (
+    EmulatedDtypeWarning,
+    emulated_dtype_warning,
+    resolve_device,
+    resolve_dtype,
+)
 
 TARGET_WEIGHT_NAMES = (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
 
@@ -129,11 +135,17 @@ def load_target(
         TargetError: (a ValueError) invalid config.json, a drafter folder, no weights, weights that
             do not cover the model, or a hub id that cannot be fetched (offline).
         ValueError: unknown dtype or device, or cuda asked for without one.
+
+    Warns:
+        EmulatedDtypeWarning: bfloat16 or float16 on a CPU without hardware support for it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device_ = resolve_device(device)
     dtype_ = resolve_dtype(dtype, device_)
+    slow = emulated_dtype_warning(dtype_, device_)
+    if slow:
+        warnings.warn(f"{path}: {slow}", EmulatedDtypeWarning, stacklevel=2)
     p = Path(path)
     if p.suffix == ".gguf":
         if not p.is_file():

@@ -12,6 +12,7 @@ from slimspec_convert.devices import (
     check_device_name,
     check_run_dtype,
     clock_ms,
+    emulated_dtype_warning,
     module_device,
     resolve_device,
     resolve_dtype,
@@ -71,3 +72,25 @@ def test_module_device():
     assert module_device(torch.nn.Linear(2, 2)) == torch.device("cpu")
     assert module_device(torch.nn.Linear(2, 2, device="meta")) == torch.device("meta")
     assert module_device(torch.nn.ReLU()) == torch.device("cpu")  # no parameters
+
+
+@pytest.mark.parametrize(
+    "dtype, flags, emulated",
+    [
+        (torch.bfloat16, {"avx2", "fma"}, True),
+        (torch.bfloat16, {"avx2", "avx512_bf16"}, False),
+        (torch.bfloat16, {"amx_bf16"}, False),
+        (torch.float16, {"avx2", "avx512_bf16"}, True),
+        (torch.float16, {"avx512_fp16"}, False),
+        (torch.float32, set(), False),
+    ],
+)
+def test_half_precision_on_a_cpu_without_its_units_is_flagged(monkeypatch, dtype, flags, emulated):
+    from slimspec_convert import devices
+
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: flags)
+    msg = emulated_dtype_warning(dtype, torch.device("cpu"))
+    assert (msg is not None) == emulated
+    if emulated:
+        assert msg.startswith(f"{str(dtype).removeprefix('torch.')} on this CPU is emulated")
+    assert emulated_dtype_warning(dtype, torch.device("cuda")) is None  # CUDA has its own kernels

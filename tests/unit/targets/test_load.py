@@ -32,6 +32,28 @@ def test_explicit_dtype_and_default_device(folder):
     assert torch.equal(model.get_input_embeddings().weight, ref)
 
 
+@pytest.mark.parametrize("flags, warns", [(set(), True), ({"avx2", "avx512_bf16"}, False)])
+def test_bf16_on_a_cpu_that_emulates_it_warns_naming_the_folder_and_the_fix(
+    folder, monkeypatch, flags, warns
+):
+    import warnings
+
+    from slimspec_convert import devices
+
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: flags)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = load_target(folder, "bf16")
+    got = [w for w in caught if issubclass(w.category, devices.EmulatedDtypeWarning)]
+    assert model.dtype is torch.bfloat16  # a warning, not a refusal: the run goes on as asked
+    if warns:
+        assert len(got) == 1
+        assert str(got[0].message).startswith(f"{folder}: bfloat16 on this CPU is emulated")
+        assert "use --dtype fp32" in str(got[0].message)
+    else:
+        assert got == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu_is_refused_with_the_fix(folder):
     with pytest.raises(ValueError, match="use --device cpu"):
