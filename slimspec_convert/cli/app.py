@@ -45,7 +45,8 @@ def fail(err: BaseException) -> None:
 
 
 THREADS_HELP = (
-    "torch CPU threads (default: the cores other work leaves free, from the 1-min load average; at least 1)"
+    "torch CPU threads (default: the cores other work leaves free, from the CPU time other processes"
+    " use now (/proc/stat); at least 1)"
 )
 _THREADS = inspect.Parameter(
     "threads",
