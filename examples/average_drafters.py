@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from slimspec_convert.atomic import staged_folder
@@ -78,9 +78,12 @@ def _read(folder: Path) -> tuple[dict, dict, dict | None]:
         config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{folder / CONFIG}: not valid JSON ({e})") from e
-    with safe_open(str(folder / WEIGHTS), "pt") as f:
-        metadata = f.metadata()
-    return config, load_file(str(folder / WEIGHTS)), metadata
+    try:
+        with safe_open(str(folder / WEIGHTS), "pt") as f:
+            metadata = f.metadata()
+        return config, load_file(str(folder / WEIGHTS)), metadata
+    except SafetensorError as e:
+        raise ValueError(f"{folder / WEIGHTS}: not a readable safetensors file ({e})") from e
 
 
 def average_folders(a: Path, b: Path, out: Path, force: bool = False) -> dict:

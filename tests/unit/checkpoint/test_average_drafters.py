@@ -48,7 +48,11 @@ def test_average_is_the_float32_mean_in_the_stored_dtype_and_equal_tensors_are_k
     assert (tmp_path / "out" / "NOTICE.md").read_text() == "terms travel\n"
     # the result loads as a drafter, and averaging a folder with itself changes nothing
     drafter, _ = load_drafter(tmp_path / "out", target=tiny_target())
-    assert drafter is not None
+    named = dict(drafter.named_parameters())
+    compared = [k for k in changed if k in named]
+    assert compared
+    for k in compared:
+        assert torch.equal(named[k].detach().to(got[k].dtype), got[k]), k
     assert avg.main([str(a), str(a), str(tmp_path / "same")]) == 0
     assert (tmp_path / "same" / avg.WEIGHTS).read_bytes() == (a / avg.WEIGHTS).read_bytes()
 
@@ -63,6 +67,10 @@ def test_bad_input_names_the_file_and_the_tensor_and_nothing_is_written(pair, tm
     assert not (tmp_path / "out").exists()
     assert avg.main([str(a), str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
     assert f"{tmp_path / 'missing' / avg.CONFIG}: not found" in capsys.readouterr().err
+    (b / avg.WEIGHTS).write_bytes(b"not safetensors")
+    assert avg.main([str(a), str(b), str(tmp_path / "out")]) == 2
+    assert f"error: {b / avg.WEIGHTS}: not a readable safetensors file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_existing_out_is_replaced_only_with_force(pair, tmp_path, capsys):
