@@ -40,7 +40,7 @@ from finetune.train.params import export_drafter, set_trainable
 from finetune.train.report import ONPOLICY_SCORE_KIND, TrainResult, log_evaluation
 from slimspec_convert.atomic import atomic_path, atomic_write_json
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.data.examples import Example, batch_indices, collate, token_counts
+from slimspec_convert.data.examples import Example, batch_indices, collate, drawn_indices, token_counts
 from slimspec_convert.devices import cpu_has_native_bf16
 from slimspec_convert.model.drafter import Eagle3Drafter
 from slimspec_convert.model.ttt import shift_left, ttt_unroll
@@ -198,14 +198,14 @@ class Trainer:
 
     # ---- one micro-batch -------------------------------------------------------------------
     def prepare_features(self) -> int:
-        """Build the ``--feature-cache`` features of every training and held-out example not stored yet.
-
-        Returns:
-            How many examples were added (0 without a feature cache).
-        """
+        """Build the ``--feature-cache`` features not stored yet of every held-out example and of the
+        training examples the run's ``steps * grad_accum`` batches draw (a run shorter than an epoch
+        reads part of its data). Returns how many were added (0 without a feature cache)."""
         if self.features is None:
             return 0
-        return self.features.build(self.train_examples + self.eval_examples)
+        n, batches = len(self.train_examples), self.cfg.steps * self.cfg.grad_accum
+        drawn = drawn_indices(n, self.cfg.batch_size, batches, self.cfg.seed)
+        return self.features.build([self.train_examples[i] for i in drawn] + self.eval_examples)
 
     def _target(self, batch: dict[str, Tensor], examples: list[Example] | None = None):
         """The target's aux and final hidden states of a batch: from the feature cache, or a forward."""

@@ -90,7 +90,10 @@ Device = Annotated[str, typer.Option(help="auto (cuda when available), cpu, cuda
 Dtype = Annotated[str, typer.Option(help="target dtype: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16")]
 FeatureCacheDir = Annotated[
     str | None,
-    typer.Option(help="folder of the target's features, computed once and reused by every epoch and run"),
+    typer.Option(
+        help="folder of the target's features, computed once (for the examples the run draws) and "
+        "reused by every epoch and run"
+    ),
 ]
 
 Chat = Annotated[bool | None, typer.Option("--chat/--no-chat", help=CHAT_HELP)]

@@ -204,10 +204,34 @@ def batch_indices(num_examples: int, batch_size: int, step: int, seed: int) -> l
     """
     if num_examples <= 0:
         raise DataError("no training examples left after filtering")
+    epoch, k = divmod(step, max(1, num_examples // batch_size))
+    return _batch_of(_epoch_order(num_examples, seed, epoch), batch_size, k)
+
+
+def drawn_indices(num_examples: int, batch_size: int, batches: int, seed: int) -> list[int]:
+    """The distinct example indices of global batches ``0 .. batches - 1``, sorted.
+
+    Equal to the union of :func:`batch_indices` over those batches, with one permutation per epoch.
+    """
+    if num_examples <= 0:
+        raise DataError("no training examples left after filtering")
     per_epoch = max(1, num_examples // batch_size)
-    epoch, k = divmod(step, per_epoch)
+    drawn: set[int] = set()
+    for epoch in range(-(-batches // per_epoch)):
+        order = _epoch_order(num_examples, seed, epoch)
+        for k in range(min(per_epoch, batches - epoch * per_epoch)):
+            drawn.update(_batch_of(order, batch_size, k))
+        if len(drawn) == num_examples:
+            break
+    return sorted(drawn)
+
+
+def _epoch_order(num_examples: int, seed: int, epoch: int) -> Tensor:
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(num_examples, generator=g)
+    return torch.randperm(num_examples, generator=g)
+
+
+def _batch_of(perm: Tensor, batch_size: int, k: int) -> list[int]:
     idx = perm[k * batch_size : (k + 1) * batch_size].tolist()
     while len(idx) < batch_size:  # fewer examples than one batch
         idx += perm[: batch_size - len(idx)].tolist()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from slimspec_convert.data.examples import batch_indices, build_examples, collate
+from slimspec_convert.data.examples import batch_indices, build_examples, collate, drawn_indices
 from slimspec_convert.data.records import DataError, DataStats, read_conversations, record_to_conversations
 from tests.helpers.models import DATA, tiny_tokenizer
 
@@ -126,6 +126,15 @@ def test_batches_are_deterministic_and_cover_an_epoch():
     first = [batch_indices(10, 3, s, seed=1) for s in range(3)]
     assert first == [batch_indices(10, 3, s, seed=1) for s in range(3)]
     assert len(set(sum(first, []))) == 9  # one epoch of 3 batches, no repeats
+
+
+@pytest.mark.parametrize(
+    "n, bs, batches", [(10, 3, 2), (10, 3, 3), (10, 3, 5), (10, 3, 40), (2, 4, 3), (12, 4, 3)]
+)
+def test_drawn_indices_are_the_union_of_the_batches(n, bs, batches):
+    """--feature-cache builds only these: within an epoch, across epochs, fewer examples than a batch."""
+    want = sorted({i for s in range(batches) for i in batch_indices(n, bs, s, seed=7)})
+    assert drawn_indices(n, bs, batches, seed=7) == want
 
 
 def test_collate_right_pads(tok):

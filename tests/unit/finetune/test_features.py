@@ -14,8 +14,11 @@ def test_cached_features_train_like_the_live_target(tmp_path):
     cached = make_trainer(
         tmp_path / "cached", steps=4, bf16_autocast=False, feature_cache=str(tmp_path / "f")
     )
-    assert cached.prepare_features() == 40  # 32 training + 8 held-out examples
+    assert cached.prepare_features() == 24  # the 16 training examples of 4 steps of 4 + 8 held-out
     assert cached.prepare_features() == 0  # all stored
+    drawn = {cached.features.key(e) for s in range(4) for e in cached._local_examples(s, 0)}
+    stored = set(cached.features.index) - {cached.features.key(e) for e in cached.eval_examples}
+    assert stored == drawn and len(cached.train_examples) == 32  # guard: a run shorter than an epoch
     a = [live.train_step()[0] for _ in range(4)]
     b = [cached.train_step()[0] for _ in range(4)]
     assert b == pytest.approx(a, rel=2e-2)  # bf16 storage of the features
