@@ -534,6 +534,7 @@ def training_run_lines(rel: str, what: str) -> list[str]:
         f" held-out selection score ({t['score_kind']}, chain of {t['metric_depth']}) "
         f"{fmt(t['score_before'])} before the run, {fmt(t['score_kept'])} at the kept step "
         f"{t['kept_step']}.",
+        *(["", t["then"]] if t.get("then") else []),  # what was done with the kept checkpoint
     ]
 
 
