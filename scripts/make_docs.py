@@ -49,6 +49,7 @@ GEMMA_CONTINUATIONS = (
     "gemma3/drafter_finetune.json",
     "gemma3/drafter_finetune2.json",
     "gemma3/drafter_finetune3.json",
+    "gemma3/drafter_finetune4.json",
 )
 GEMMA_CARD = ROOT / "drafters" / "gemma3-270m-eagle3" / "README.md"
 
