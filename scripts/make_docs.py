@@ -523,11 +523,9 @@ def training_run_lines(rel: str, what: str) -> list[str]:
     t = load(rel)
     return [
         f"{what} ({t['date']}, {t['machine']}; figures from `results/{rel}`):",
-        "",
         "```bash",
         t["command"],
         "```",
-        "",
         f"{t['steps_run']} optimizer steps of {t['batch_size']} records of {t['records']:,} "
         f"({t['train_tokens']:,} supervised completion tokens seen, {t['epochs']:.1f} epochs), "
         f"{fmt(t['tokens_per_s'], 0)} tokens/s of training on {t['threads']} threads "
@@ -535,7 +533,7 @@ def training_run_lines(rel: str, what: str) -> list[str]:
         f" held-out selection score ({t['score_kind']}, chain of {t['metric_depth']}) "
         f"{fmt(t['score_before'])} before the run, {fmt(t['score_kept'])} at the kept step "
         f"{t['kept_step']}.",
-        *(["", t["then"]] if t.get("then") else []),  # what was done with the kept checkpoint
+        *([t["then"]] if t.get("then") else []),  # what was done with the kept checkpoint
     ]
 
 
